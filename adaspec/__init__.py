@@ -1,0 +1,36 @@
+"""adaspec: adaptive, lossless speculative decoding for mlx-lm models.
+
+Importing this package loads a fast BLAS on Linux before mlx does; everything heavy (mlx-lm,
+transformers) is imported lazily on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .kernels import blas as _blas
+
+_blas.ensure()
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "stream_generate": ("adaspec.generate", "stream_generate"),
+    "generate": ("adaspec.generate", "generate"),
+    "load": ("adaspec.targets.loader", "load"),
+    "register_drafter": ("adaspec.drafters.registry", "register"),
+    "make_drafter": ("adaspec.drafters.registry", "make"),
+    "Draft": ("adaspec.drafters.base", "Draft"),
+    "DraftModel": ("adaspec.drafters.base", "DraftModel"),
+}
+
+__all__ = [*_LAZY, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'adaspec' has no attribute {name!r}")

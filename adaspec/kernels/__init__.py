@@ -1,0 +1,1 @@
+"""Fast paths with plain twins: BLAS loading on Linux, entropy, recurrent replay."""

@@ -1,0 +1,1 @@
+"""Acceptance, gates, the controller loop and stats."""

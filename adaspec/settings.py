@@ -1,0 +1,96 @@
+"""Every ADASPEC_* environment knob, read once into one validated settings object."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import SettingsError
+
+PREFIX = "ADASPEC_"
+
+
+def _default_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "adaspec"
+
+
+class Settings(BaseModel):
+    """Knobs with their defaults; `ADASPEC_<NAME>` overrides `<name>`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Which BLAS to load into mlx on Linux: auto | mkl | openblas | off | /path/to/lib.so
+    blas: str = "auto"
+    cache: Path = Field(default_factory=_default_cache)
+    prefill_step: int = Field(2048, ge=1, le=1 << 20)
+    # PLD: n-gram sizes matched (longest first) and tokens proposed per step.
+    pld_max_ngram: int = Field(3, ge=1, le=64)
+    pld_min_ngram: int = Field(1, ge=1, le=64)
+    pld_draft_len: int = Field(10, ge=1, le=256)
+
+    @field_validator("blas")
+    @classmethod
+    def _blas_choice(cls, v: str) -> str:
+        v = v.strip()
+        if v.lower() in {"auto", "mkl", "openblas", "off"}:
+            return v.lower()
+        if "/" in v or v.endswith(".so") or ".so." in v:
+            return v
+        raise ValueError("accepted: auto, mkl, openblas, off, or a path to a BLAS shared library")
+
+    def check(self) -> Settings:
+        if self.pld_min_ngram > self.pld_max_ngram:
+            raise SettingsError(
+                f"ADASPEC_PLD_MIN_NGRAM={self.pld_min_ngram} is larger than "
+                f"ADASPEC_PLD_MAX_NGRAM={self.pld_max_ngram}; accepted: min <= max"
+            )
+        return self
+
+    def as_env(self) -> dict[str, str]:
+        """The effective settings, keyed by environment variable name."""
+        return {PREFIX + k.upper(): str(v) for k, v in self.model_dump().items()}
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build settings from ADASPEC_* variables (then `overrides`); unknown or bad values raise."""
+    environ = os.environ if environ is None else environ
+    fields = Settings.model_fields
+    values: dict[str, Any] = {}
+    for key, raw in environ.items():
+        if not key.startswith(PREFIX):
+            continue
+        name = key[len(PREFIX) :].lower()
+        if name not in fields:
+            known = ", ".join(env_name(f) for f in fields)
+            raise SettingsError(f"unknown environment variable {key}={raw!r}; known: {known}")
+        values[name] = raw
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values).check()
+    except ValidationError as exc:
+        raise SettingsError(_explain(exc, values)) from None
+
+
+def _explain(exc: ValidationError, values: Mapping[str, Any]) -> str:
+    parts = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "?"
+        raw = values.get(field, "<missing>")
+        parts.append(f"{env_name(field)}={raw!r} is invalid: {err['msg']}")
+    return "; ".join(parts)
+
+
+@lru_cache(maxsize=1)
+def get() -> Settings:
+    """Settings from the process environment, read once."""
+    return from_env()

@@ -1,0 +1,1 @@
+"""Target adapters over mlx-lm models (verify, taps, rollback) and model loaders."""
