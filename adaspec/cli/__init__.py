@@ -1,0 +1,46 @@
+"""The `adaspec` command: one module per subcommand, each exposing `add_parser(subparsers)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from ..errors import AdaspecError
+
+SUBCOMMANDS = ("generate", "bench", "models", "doctor")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="adaspec", description="Adaptive, lossless speculative decoding for mlx-lm models."
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(f"adaspec.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"adaspec.cli.{name}":
+                raise
+            continue
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except AdaspecError as exc:
+        print(f"adaspec {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
