@@ -15,8 +15,8 @@ _blas.ensure()
 __version__ = "0.1.0"
 
 _LAZY = {
-    "stream_generate": ("adaspec.generate", "stream_generate"),
-    "generate": ("adaspec.generate", "generate"),
+    "stream_generate": ("adaspec.api", "stream_generate"),
+    "generate": ("adaspec.api", "generate"),
     "load": ("adaspec.targets.loader", "load"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.registry", "make"),

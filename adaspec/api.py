@@ -1,0 +1,208 @@
+"""Public API: `stream_generate` / `generate`, shaped like mlx-lm's, with speculative stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from . import settings as settings_mod
+from .drafters.base import DraftModel
+from .errors import DrafterMismatchError, GenerationArgumentError
+from .policy.controller import (
+    AlwaysSpeculate,
+    DecodeConfig,
+    Decoder,
+    NeverSpeculate,
+    SpecPolicy,
+    decode,
+)
+from .policy.sampling import SamplingParams
+from .policy.stats import GenerationStats, StepStats
+from .targets.adapter import make_target
+
+
+@dataclass
+class Response:
+    """mlx-lm's GenerationResponse fields, plus `step` (set on the last token of each
+    controller step) and `stats` (cumulative for this generation, updated in place)."""
+
+    text: str
+    token: int
+    logprobs: mx.array
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: str | None = None
+    step: StepStats | None = None
+    stats: GenerationStats | None = None
+
+
+def _wrap_tokenizer(tokenizer: Any) -> Any:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[int] | mx.array) -> list[int]:
+    """Tokenize like mlx-lm (special tokens added unless the text already starts with BOS)."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise GenerationArgumentError("prompt is empty; accepted: a non-empty string or ids")
+        bos = tokenizer.bos_token
+        add = bos is None or not prompt.startswith(bos)
+        ids = list(tokenizer.encode(prompt, add_special_tokens=add))
+    elif isinstance(prompt, mx.array):
+        ids = [int(t) for t in prompt.reshape(-1).tolist()]
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise GenerationArgumentError("prompt has no tokens; accepted: at least one token")
+    return ids
+
+
+def resolve_drafter(
+    drafter: str | DraftModel | None, info: Any, settings: settings_mod.Settings
+) -> DraftModel | None:
+    from .drafters import registry
+
+    if drafter is None:
+        return None
+    d = registry.make(drafter, info, settings) if isinstance(drafter, str) else drafter
+    if d is not None and d.vocab_size is not None and d.vocab_size != info.vocab_size:
+        raise DrafterMismatchError(
+            f"drafter {d.name!r} has vocabulary size {d.vocab_size}, the target has "
+            f"{info.vocab_size}; accepted: a drafter over the target's vocabulary"
+        )
+    return d
+
+
+def _find_stop(text: str, stop: Sequence[str], since: int) -> int | None:
+    """Start of the earliest stop string that ends after position `since`, or None."""
+    hits = [i for s in stop if (i := text.find(s, max(since - len(s) + 1, 0))) >= 0]
+    return min(hits) if hits else None
+
+
+def _held_back(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that could still grow into a stop string."""
+    best = 0
+    for s in stop:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if s.startswith(text[-k:]):
+                best = k
+                break
+    return best
+
+
+def stream_generate(
+    model: Any,
+    tokenizer: Any,
+    prompt: str | Sequence[int] | mx.array,
+    *,
+    drafter: str | DraftModel | None = None,
+    max_tokens: int = 256,
+    temp: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    logits_processors: Sequence | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    policy: SpecPolicy | None = None,
+    settings: settings_mod.Settings | None = None,
+) -> Iterator[Response]:
+    """Generate like `mlx_lm.stream_generate`, speculating with `drafter` (a DraftModel, a
+    registry spec such as "pld" or "dflash:DIR", or None for plain AR). Output is the target's."""
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise GenerationArgumentError(f"max_tokens={max_tokens!r} is invalid; accepted: >= 1")
+    if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
+        raise GenerationArgumentError(f"stop={stop!r} is invalid; accepted: non-empty strings")
+    settings = settings or settings_mod.get()
+    tokenizer = _wrap_tokenizer(tokenizer)
+    ids = encode_prompt(tokenizer, prompt)
+    target = make_target(model, tokenizer, prefill_step=settings.prefill_step)
+    params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(
+        target.info.vocab_size
+    )
+    d = resolve_drafter(drafter, target.info, settings)
+    cfg = DecodeConfig(
+        max_tokens=max_tokens,
+        sampling=params,
+        eos_ids=frozenset(tokenizer.eos_token_ids),
+        logits_processors=tuple(logits_processors or ()),
+    )
+    pol = policy or (AlwaysSpeculate() if d is not None else NeverSpeculate())
+    decoder = Decoder(target, d, cfg, pol, np.random.default_rng(seed))
+    yield from _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
+
+
+def _texts(
+    decoder: Decoder, ids: list[int], tokenizer: Any, max_tokens: int, stop: tuple[str, ...]
+) -> Iterator[Response]:
+    """Token events -> text responses; mlx-lm's framing (the last response carries the final
+    token and finish_reason) plus stop strings, whose text is never emitted."""
+    detok = tokenizer.detokenizer
+    detok.reset()
+    tic = time.perf_counter()
+    events = decode(decoder, ids)
+    text, sent, prompt_tps, finish, cut = "", 0, 0.0, "length", None
+    try:
+        for n, ev in enumerate(events):
+            if n == 0:
+                prompt_tps = len(ids) / max(time.perf_counter() - tic, 1e-9)
+                tic = time.perf_counter()
+            if ev.token in decoder.cfg.eos_ids:
+                finish = "stop"
+                break
+            detok.add_token(ev.token)
+            text += detok.last_segment
+            if stop and (cut := _find_stop(text, stop, sent)) is not None:
+                finish = "stop"
+                break
+            if n + 1 == max_tokens:
+                break
+            safe = len(text) - (_held_back(text, stop) if stop else 0)
+            yield _response(text[sent:safe], ev, n, len(ids), prompt_tps, tic, decoder)
+            sent = safe
+        if cut is None:
+            detok.finalize()
+            text += detok.last_segment
+            if stop:
+                cut = _find_stop(text, stop, sent)
+                finish = "stop" if cut is not None else finish
+        r = _response(text[sent:cut], ev, n, len(ids), prompt_tps, tic, decoder)
+        r.finish_reason = finish
+        yield r
+    finally:
+        events.close()
+
+
+def _response(
+    text: str, ev: Any, n: int, n_prompt: int, prompt_tps: float, tic: float, dec: Decoder
+) -> Response:
+    return Response(
+        text=text,
+        token=ev.token,
+        logprobs=ev.logprobs,
+        from_draft=ev.from_draft,
+        prompt_tokens=n_prompt,
+        prompt_tps=prompt_tps,
+        generation_tokens=n + 1,
+        generation_tps=(n + 1) / max(time.perf_counter() - tic, 1e-9),
+        peak_memory=mx.get_peak_memory() / 1e9,
+        step=ev.step,
+        stats=dec.stats,
+    )
+
+
+def generate(model: Any, tokenizer: Any, prompt: str | Sequence[int], **kwargs: Any) -> str:
+    """The full text `stream_generate` would stream."""
+    return "".join(r.text for r in stream_generate(model, tokenizer, prompt, **kwargs))

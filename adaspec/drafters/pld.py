@@ -1,0 +1,119 @@
+"""Prompt lookup decoding: propose what followed the latest earlier occurrence of the suffix.
+
+The n-gram index grows by one position per committed token and shrinks on rollback, so a draft
+never rescans the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import DrafterError
+from ..settings import Settings
+from .base import Draft, DraftContext, TargetInfo
+
+
+class PromptLookup:
+    """Deterministic drafter; longest n-gram first, most recent occurrence wins."""
+
+    name = "pld"
+    needs_taps: tuple[int, ...] = ()
+    vocab_size = None
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10):
+        if not 1 <= min_ngram <= max_ngram:
+            raise DrafterError(
+                f"pld n-gram sizes min={min_ngram}, max={max_ngram} are invalid; "
+                "accepted: 1 <= min <= max"
+            )
+        if draft_len < 1:
+            raise DrafterError(f"pld draft_len={draft_len} is invalid; accepted: >= 1")
+        self.max_ngram, self.min_ngram, self.draft_len = max_ngram, min_ngram, draft_len
+        self.tokens: list[int] = []
+        # n-gram -> start positions of the token that followed it, oldest first
+        self._index: dict[tuple[int, ...], list[int]] = {}
+        self.last_match = 0  # length of the n-gram behind the latest draft (0: none)
+
+    # The n-grams ending at position p are indexed once position p+1 exists, so the current
+    # suffix never matches itself.
+    def _index_end(self, p: int) -> None:
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            if p - n + 1 < 0:
+                break
+            key = tuple(self.tokens[p - n + 1 : p + 1])
+            self._index.setdefault(key, []).append(p + 1)
+
+    def _unindex_end(self, p: int) -> None:
+        for n in range(self.min_ngram, self.max_ngram + 1):
+            if p - n + 1 < 0:
+                break
+            key = tuple(self.tokens[p - n + 1 : p + 1])
+            starts = self._index[key]
+            starts.pop()
+            if not starts:
+                del self._index[key]
+
+    def _append(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            if self.tokens:
+                self._index_end(len(self.tokens) - 1)
+            self.tokens.append(int(t))
+
+    def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self.tokens, self._index = [], {}
+        self._append(prompt_tokens)
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        k = min(self.draft_len, ctx.max_draft)
+        self.last_match = 0
+        if k <= 0:
+            return Draft()
+        L = len(self.tokens)
+        for n in range(min(self.max_ngram, L), self.min_ngram - 1, -1):
+            starts = self._index.get(tuple(self.tokens[L - n :]))
+            if starts:
+                s = starts[-1]
+                self.last_match = n
+                return Draft(tuple(self.tokens[s : s + k]))
+        return Draft()
+
+    def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self._append(committed_tokens)
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= len(self.tokens):
+            raise DrafterError(f"pld rollback({n}) out of range; accepted: 0..{len(self.tokens)}")
+        for _ in range(n):
+            self.tokens.pop()
+            if self.tokens:
+                self._unindex_end(len(self.tokens) - 1)
+
+
+def parse_kv(arg: str | None, allowed: dict[str, type], who: str) -> dict:
+    """'a=1,b=2' -> {'a': 1, 'b': 2}, checked against `allowed` names and types."""
+    out: dict = {}
+    for part in filter(None, (arg or "").split(",")):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in allowed:
+            raise DrafterError(
+                f"{who} argument {part!r} is invalid; accepted: "
+                + ", ".join(f"{k}=<{t.__name__}>" for k, t in allowed.items())
+            )
+        try:
+            out[key] = allowed[key](value)
+        except ValueError:
+            raise DrafterError(
+                f"{who} argument {key}={value!r} is not a {allowed[key].__name__}"
+            ) from None
+    return out
+
+
+def factory(arg: str | None, info: TargetInfo, settings: Settings) -> PromptLookup:
+    kw = {
+        "max_ngram": settings.pld_max_ngram,
+        "min_ngram": settings.pld_min_ngram,
+        "draft_len": settings.pld_draft_len,
+    }
+    kw.update(parse_kv(arg, {"max_ngram": int, "min_ngram": int, "draft_len": int}, "pld"))
+    return PromptLookup(**kw)

@@ -1,0 +1,213 @@
+"""The decode loop: ask the policy, draft, verify, accept, roll back, account.
+
+Holds no maths of its own; every token it emits was produced by the target's verify forward.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from ..drafters.base import Draft, DraftContext, DraftModel
+from ..errors import DrafterError
+from ..targets.adapter import Forward, Target
+from . import acceptance, sampling
+from .stats import GenerationStats, StepStats
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    max_tokens: int
+    sampling: sampling.SamplingParams = sampling.SamplingParams()
+    eos_ids: frozenset[int] = frozenset()
+    logits_processors: tuple = ()
+    max_draft: int = 64  # hard cap on drafted tokens per step
+
+
+class SpecPolicy(Protocol):
+    """Decides, from past steps only, how many tokens may be drafted next (0 = plain AR)."""
+
+    def max_draft(self) -> int: ...
+
+    def observe(self, step: StepStats) -> None: ...
+
+
+class AlwaysSpeculate:
+    def max_draft(self) -> int:
+        return 1 << 30
+
+    def observe(self, step: StepStats) -> None:
+        pass
+
+
+class NeverSpeculate:
+    def max_draft(self) -> int:
+        return 0
+
+    def observe(self, step: StepStats) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One emitted token; `step` is set on the last token of each controller step."""
+
+    token: int
+    logprobs: mx.array  # (V,) target log-probabilities (after logits processors)
+    from_draft: bool
+    step: StepStats | None = None
+
+
+@dataclass
+class _Verdict:
+    outcome: acceptance.Outcome
+    logprobs: mx.array  # (k+1, V)
+
+
+def _check_draft(d: Draft, cap: int, vocab: int, name: str) -> None:
+    if len(d) > cap:
+        raise DrafterError(f"drafter {name!r} proposed {len(d)} tokens; at most {cap} allowed")
+    bad = [t for t in d.tokens if not 0 <= t < vocab]
+    if bad:
+        raise DrafterError(
+            f"drafter {name!r} proposed token ids {bad[:5]} outside the target's vocabulary "
+            f"(accepted: 0..{vocab - 1})"
+        )
+    if d.probs is not None and d.probs.shape[1] != vocab:
+        raise DrafterError(
+            f"drafter {name!r} returned q with {d.probs.shape[1]} columns; the target's "
+            f"vocabulary has {vocab}"
+        )
+
+
+def _judge(
+    fwd: Forward,
+    fed: list[int],
+    draft: Draft,
+    history: Sequence[int],
+    cfg: DecodeConfig,
+    rng: np.random.Generator,
+) -> _Verdict:
+    logits = sampling.apply_processors(fwd.logits, history, fed, cfg.logits_processors)
+    lp = sampling.logprobs(logits)
+    if cfg.sampling.greedy:
+        argmax = mx.argmax(logits, axis=-1).tolist()
+        return _Verdict(acceptance.accept_greedy(draft.tokens, argmax), lp)
+    p = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
+    if draft.probs is not None:
+        out = acceptance.accept_rejection(draft.tokens, draft.probs, p, rng)
+    else:
+        out = acceptance.accept_sample_match(draft.tokens, p, rng)
+    return _Verdict(out, lp)
+
+
+@dataclass
+class Decoder:
+    """Runs one generation. Invariant between steps: the target's cache holds every committed
+    token but the newest, and the drafter's committed view equals `self.committed`."""
+
+    target: Target
+    drafter: DraftModel | None
+    cfg: DecodeConfig
+    policy: SpecPolicy = field(default_factory=AlwaysSpeculate)
+    rng: np.random.Generator = field(default_factory=np.random.default_rng)
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+    def __post_init__(self) -> None:
+        self.taps = self.drafter.needs_taps if self.drafter else ()
+        self.committed: list[int] = []
+
+    def _ctx(self, max_draft: int = 0, features: mx.array | None = None) -> DraftContext:
+        return DraftContext(
+            tokens=self.committed,
+            max_draft=max_draft,
+            features=features,
+            temperature=self.cfg.sampling.temp,
+            rng=self.rng,
+        )
+
+    def prefill(self, prompt: Sequence[int]) -> None:
+        t0 = time.perf_counter()
+        self.committed = [int(t) for t in prompt]
+        feats = self.target.prefill(self.committed[:-1], self.taps)
+        if self.drafter is not None:
+            self.drafter.prefill(self.committed, self._ctx(features=feats))
+        self.stats.prompt_tokens = len(self.committed)
+        self.stats.prefill_s = time.perf_counter() - t0
+
+    def step(self, room: int) -> tuple[list[int], list[bool], mx.array, StepStats]:
+        """Emit 1..room tokens (fewer only at EOS)."""
+        # 1. how much may we draft?
+        cap = min(self.policy.max_draft(), room - 1, self.cfg.max_draft)
+        t0 = time.perf_counter()
+        draft = Draft()
+        if self.drafter is not None and cap > 0:
+            draft = self.drafter.draft(self._ctx(max_draft=cap))
+            _check_draft(draft, cap, self.target.info.vocab_size, self.drafter.name)
+        t1 = time.perf_counter()
+        # 2. verify the pending token plus the draft in one forward, then accept
+        fed = [self.committed[-1], *draft.tokens]
+        fwd = self.target.forward(fed, self.taps)
+        verdict = _judge(fwd, fed, draft, self.committed, self.cfg, self.rng)
+        new = list(verdict.outcome.tokens)
+        for j, t in enumerate(new):
+            if t in self.cfg.eos_ids:
+                new = new[: j + 1]
+                break
+        t2 = time.perf_counter()
+        # 3. drop what was not committed: the cache keeps all committed tokens but the newest
+        self.committed += new
+        self.target.rollback(self.target.offset - (len(self.committed) - 1))
+        if self.drafter is not None:
+            feats = fwd.features[: len(new)] if fwd.features is not None else None
+            self.drafter.advance(new, self._ctx(features=feats))
+        t3 = time.perf_counter()
+        s = StepStats(
+            len(draft),
+            verdict.outcome.accepted,
+            len(new),
+            len(draft) > 0,
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+        )
+        self.stats.record(s)
+        self.policy.observe(s)
+        from_draft = [j < verdict.outcome.accepted for j in range(len(new))]
+        return new, from_draft, verdict.logprobs, s
+
+    def unwind(self, n: int) -> None:
+        """Forget the newest n committed tokens everywhere (caller stopped mid-step)."""
+        if n <= 0:
+            return
+        del self.committed[-n:]
+        self.target.rollback(n)
+        if self.drafter is not None:
+            self.drafter.rollback(n)
+
+
+def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
+    """Yield tokens one at a time; if the consumer stops early, both caches are rolled back to
+    exactly the tokens it has received."""
+    decoder.prefill(prompt)
+    max_tokens = decoder.cfg.max_tokens
+    emitted = 0
+    pending = 0  # committed in the current step but not yet received by the consumer
+    try:
+        while emitted < max_tokens:
+            new, from_draft, lp, s = decoder.step(max_tokens - emitted)
+            pending = len(new)
+            for j, tok in enumerate(new):
+                pending -= 1
+                emitted += 1
+                last = j == len(new) - 1
+                yield TokenEvent(tok, lp[j], from_draft[j], s if last else None)
+            if new[-1] in decoder.cfg.eos_ids:
+                return
+    finally:
+        decoder.unwind(pending)

@@ -1,0 +1,97 @@
+"""Accounting: what each step did and what the whole generation did."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One controller step. drafted = k proposed, accepted <= k, committed = tokens it emitted
+    (accepted + 1, fewer if EOS or max_tokens cut it); times in seconds."""
+
+    drafted: int
+    accepted: int
+    committed: int
+    speculative: bool
+    draft_s: float
+    verify_s: float
+    rollback_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.draft_s + self.verify_s + self.rollback_s
+
+
+@dataclass
+class GenerationStats:
+    """Cumulative over a generation; tau counts the bonus token, over speculative steps only."""
+
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    steps: int = 0
+    spec_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    committed: int = 0
+    spec_committed: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    rollback_s: float = 0.0
+    # accepted_at[i]: speculative steps whose draft position i was accepted
+    accepted_at: list[int] = field(default_factory=list)
+    drafted_at: list[int] = field(default_factory=list)
+
+    def record(self, s: StepStats) -> None:
+        self.steps += 1
+        self.committed += s.committed
+        self.draft_s += s.draft_s
+        self.verify_s += s.verify_s
+        self.rollback_s += s.rollback_s
+        if not s.speculative:
+            return
+        self.spec_steps += 1
+        self.spec_committed += s.committed
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        grow = max(s.drafted - len(self.drafted_at), 0)
+        self.drafted_at += [0] * grow
+        self.accepted_at += [0] * grow
+        for i in range(s.drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < s.accepted
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per speculative verify step (bonus included); 0 if none."""
+        return self.spec_committed / self.spec_steps if self.spec_steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def floored_fraction(self) -> float:
+        """Share of steps decoded plainly (no draft), by the policy or an empty draft."""
+        return 1.0 - self.spec_steps / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    def summary(self) -> dict:
+        return {
+            "steps": self.steps,
+            "spec_steps": self.spec_steps,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "committed": self.committed,
+            "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "floored_fraction": round(self.floored_fraction, 4),
+            "acceptance_by_position": [round(a, 4) for a in self.acceptance_by_position],
+            "draft_s": round(self.draft_s, 6),
+            "verify_s": round(self.verify_s, 6),
+            "rollback_s": round(self.rollback_s, 6),
+            "prefill_s": round(self.prefill_s, 6),
+        }

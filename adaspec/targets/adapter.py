@@ -1,0 +1,196 @@
+"""Target adapters: one forward over k+1 tokens, tap features, and rollback of the cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+
+from ..drafters.base import TargetInfo
+from ..errors import TargetError
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Result of feeding n tokens to the target.
+
+    logits: (n, V) float32; row i predicts the token after tokens[i].
+    features: (n, len(taps) * hidden) concatenated tap hidden states, or None without taps.
+    """
+
+    logits: mx.array
+    features: mx.array | None
+
+
+class Target(Protocol):
+    """What the controller needs from a target; `rollback_kind` says how rollback works."""
+
+    rollback_kind: str  # "trim" (KV caches) | "replay" (recurrent state)
+    info: TargetInfo
+
+    @property
+    def offset(self) -> int: ...
+
+    def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None: ...
+
+    def forward(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> Forward: ...
+
+    def rollback(self, n: int) -> None: ...
+
+
+def inner_model(model: Any) -> Any:
+    """The module that owns the decoder layer list (model.model for mlx-lm LMs)."""
+    for path in ("model", "language_model.model", "backbone"):
+        obj = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None and isinstance(getattr(obj, "layers", None), list):
+            return obj
+    raise TargetError(
+        f"cannot find the decoder layer list of {type(model).__name__}; accepted: mlx-lm "
+        "models with model.layers (or language_model.model.layers)"
+    )
+
+
+def layer_list(model: Any) -> list:
+    return inner_model(model).layers
+
+
+def target_info(model: Any, tokenizer: Any = None) -> TargetInfo:
+    args = getattr(model, "args", None)
+    text = getattr(args, "text_config", None)
+    src = text if isinstance(text, dict) else vars(args) if args is not None else {}
+    vocab = src.get("vocab_size") or getattr(args, "vocab_size", None)
+    hidden = src.get("hidden_size") or getattr(args, "hidden_size", None)
+    if vocab is None or hidden is None:
+        raise TargetError(f"{type(model).__name__} has no vocab_size/hidden_size in its args")
+    return TargetInfo(
+        model=model,
+        tokenizer=tokenizer,
+        vocab_size=int(vocab),
+        hidden_size=int(hidden),
+        num_layers=len(layer_list(model)),
+        model_type=str(src.get("model_type") or getattr(args, "model_type", "")),
+    )
+
+
+class _Tap:
+    """Stands in for one decoder layer and records its output hidden state."""
+
+    def __init__(self, layer: Any, sink: list[mx.array]):
+        self._layer = layer
+        self._sink = sink
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._layer(*args, **kwargs)
+        self._sink.append(out[0] if isinstance(out, tuple) else out)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
+
+
+@contextmanager
+def tapped(model: Any, layer_ids: tuple[int, ...]) -> Iterator[list[list[mx.array]]]:
+    """Record the outputs of decoder layers `layer_ids` for the calls made inside the block."""
+    layers = layer_list(model)
+    sinks: list[list[mx.array]] = [[] for _ in layer_ids]
+    originals = {i: layers[i] for i in layer_ids}
+    try:
+        for sink, i in zip(sinks, layer_ids):
+            layers[i] = _Tap(originals[i], sink)
+        yield sinks
+    finally:
+        for i, layer in originals.items():
+            layers[i] = layer
+
+
+def _check_taps(info: TargetInfo, taps: tuple[int, ...]) -> None:
+    bad = [i for i in taps if not 0 <= i < info.num_layers]
+    if bad:
+        raise TargetError(
+            f"tap layer ids {bad} are out of range; accepted: 0..{info.num_layers - 1}"
+        )
+
+
+class KVTarget:
+    """Adapter for targets whose every cache layer can be trimmed (attention KV caches)."""
+
+    rollback_kind = "trim"
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
+        from mlx_lm.models.cache import make_prompt_cache
+
+        self.model = model
+        self.info = target_info(model, tokenizer)
+        self.cache = make_prompt_cache(model)
+        self.prefill_step = prefill_step
+        self._offset = 0
+        bad = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
+        if bad:
+            raise TargetError(
+                f"{type(model).__name__} has cache layers that cannot be trimmed "
+                f"({', '.join(bad)}); "
+                "accepted here: models whose caches are all trimmable (KVCache, ...); "
+                "recurrent targets need the replay adapter"
+            )
+
+    @property
+    def offset(self) -> int:
+        return self._offset
+
+    def _run(self, tokens: Sequence[int], taps: tuple[int, ...]) -> tuple[mx.array, list]:
+        x = mx.array(list(tokens), dtype=mx.uint32)[None]
+        if not taps:
+            return self.model(x, cache=self.cache)[0], []
+        with tapped(self.model, taps) as sinks:
+            logits = self.model(x, cache=self.cache)[0]
+        return logits, [s[-1][0] for s in sinks]
+
+    def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None:
+        """Feed `tokens` in chunks; returns their tap features (or None without taps)."""
+        _check_taps(self.info, taps)
+        feats = []
+        for start in range(0, len(tokens), self.prefill_step):
+            chunk = tokens[start : start + self.prefill_step]
+            _, hs = self._run(chunk, taps)
+            if taps:
+                feats.append(mx.concatenate(hs, axis=-1))
+                mx.eval(feats[-1])
+            mx.eval([c.state for c in self.cache])
+            self._offset += len(chunk)
+        if not taps:
+            return None
+        if not feats:
+            return mx.zeros((0, len(taps) * self.info.hidden_size))
+        return mx.concatenate(feats, axis=0)
+
+    def forward(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> Forward:
+        logits, hs = self._run(tokens, taps)
+        self._offset += len(tokens)
+        feats = mx.concatenate(hs, axis=-1) if taps else None
+        return Forward(logits.astype(mx.float32), feats)
+
+    def rollback(self, n: int) -> None:
+        if n < 0 or n > self._offset:
+            raise TargetError(f"rollback({n}) is out of range; accepted: 0..{self._offset}")
+        if n == 0:
+            return
+        for i, c in enumerate(self.cache):
+            got = c.trim(n)
+            if got != n:
+                raise TargetError(
+                    f"cache layer {i} ({type(c).__name__}) trimmed {got} of {n} positions; "
+                    "a rotating cache cannot be rolled back after it wraps"
+                )
+        self._offset -= n
+
+
+def make_target(model: Any, tokenizer: Any = None, *, prefill_step: int = 2048) -> Target:
+    """Pick the adapter for `model` from its cache types."""
+    return KVTarget(model, tokenizer, prefill_step=prefill_step)

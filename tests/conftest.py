@@ -1,0 +1,31 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+import adaspec  # noqa: F401  (fast BLAS before mlx)
+
+settings.register_profile(
+    "ci", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "dev", deadline=None, max_examples=15, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "thorough", deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen3"])
+def tiny(request):
+    from tiny import tiny_model
+
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from tiny import byte_tokenizer
+
+    return byte_tokenizer()
