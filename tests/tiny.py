@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
+
+import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
 
 VOCAB = 260  # 256 bytes + <eos> (256) + spare ids
 EOS = 256
@@ -17,7 +18,9 @@ def _scale(model: nn.Module, scale: float) -> None:
     model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
 
 
-def tiny_model(arch: str = "llama", vocab: int = VOCAB, seed: int = 0, layers: int = 2):
+def tiny_model(
+    arch: str = "llama", vocab: int = VOCAB, seed: int = 0, layers: int = 2, scale: float = 4.0
+):
     mx.random.seed(seed)
     common = dict(
         hidden_size=64,
@@ -37,12 +40,17 @@ def tiny_model(arch: str = "llama", vocab: int = VOCAB, seed: int = 0, layers: i
         from mlx_lm.models import qwen3
 
         model = qwen3.Model(
-            qwen3.ModelArgs(model_type="qwen3", head_dim=16, max_position_embeddings=4096,
-                            rope_theta=10000.0, **common)
+            qwen3.ModelArgs(
+                model_type="qwen3",
+                head_dim=16,
+                max_position_embeddings=4096,
+                rope_theta=10000.0,
+                **common,
+            )
         )
     else:
         raise ValueError(arch)
-    _scale(model, 4.0)
+    _scale(model, scale)
     mx.eval(model.parameters())
     return model
 

@@ -101,8 +101,10 @@ def setup(
         return BlasStatus(requested, kind, present)
     if "mlx.core" in modules:
         return BlasStatus(
-            requested, "reference", warning="mlx.core was imported before adaspec, so its "
-            f"bundled reference BLAS (~20x slower) is in use; {FIX}"
+            requested,
+            "reference",
+            warning="mlx.core was imported before adaspec, so its "
+            f"bundled reference BLAS (~20x slower) is in use; {FIX}",
         )
     if requested in FAST_KINDS or requested == "auto":
         order = FAST_KINDS if requested == "auto" else (requested,)
@@ -117,15 +119,19 @@ def setup(
                     continue
         detail = f" ({last})" if "last" in locals() else ""
         return BlasStatus(
-            requested, "reference", warning=f"no optimized BLAS found for ADASPEC_BLAS="
-            f"{requested}{detail}; mlx uses its reference BLAS (~20x slower); {FIX}"
+            requested,
+            "reference",
+            warning=f"no optimized BLAS found for ADASPEC_BLAS="
+            f"{requested}{detail}; mlx uses its reference BLAS (~20x slower); {FIX}",
         )
     try:
         loader(requested)
     except OSError as exc:
         return BlasStatus(
-            requested, "reference", warning=f"ADASPEC_BLAS={requested} could not be "
-            f"loaded ({exc}); accepted: auto, mkl, openblas, off, or a loadable library path"
+            requested,
+            "reference",
+            warning=f"ADASPEC_BLAS={requested} could not be "
+            f"loaded ({exc}); accepted: auto, mkl, openblas, off, or a loadable library path",
         )
     return BlasStatus(requested, "custom", requested)
 

@@ -1,0 +1,86 @@
+"""Scripted drafters that exercise the controller: oracle, adversarial, stochastic."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from adaspec.drafters.base import Draft, DraftContext
+
+
+class ListDrafter:
+    """Keeps the committed view as a list; subclasses decide what to propose."""
+
+    name = "scripted"
+    needs_taps: tuple[int, ...] = ()
+    vocab_size = None
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+
+    def prefill(self, prompt_tokens, ctx: DraftContext) -> None:
+        self.tokens = list(prompt_tokens)
+
+    def advance(self, committed_tokens, ctx: DraftContext) -> None:
+        self.tokens += list(committed_tokens)
+
+    def rollback(self, n: int) -> None:
+        assert 0 <= n <= len(self.tokens)
+        del self.tokens[len(self.tokens) - n :]
+
+
+class ScriptedDrafter(ListDrafter):
+    """Follows a program of (mode, length, seed) per step; `reference` is the AR continuation
+    of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place."""
+
+    def __init__(self, program, reference, n_prompt: int, vocab: int):
+        super().__init__()
+        self.program, self.reference, self.n_prompt, self.vocab = (
+            program,
+            reference,
+            n_prompt,
+            vocab,
+        )
+        self.step = 0
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        mode, k, seed = self.program[self.step % len(self.program)]
+        self.step += 1
+        assert list(ctx.tokens) == self.tokens, "drafter view diverged from the controller's"
+        rng = np.random.default_rng(seed)
+        k = min(k, ctx.max_draft)
+        done = len(self.tokens) - self.n_prompt
+        truth = list(self.reference[done : done + k])
+        truth += list(rng.integers(0, self.vocab, k - len(truth)))
+        if mode == "oracle" or mode == "overlong":
+            return Draft(tuple(truth))
+        if mode == "random":
+            return Draft(tuple(int(x) for x in rng.integers(0, self.vocab, k)))
+        if mode == "corrupt" and k:
+            j = int(rng.integers(0, k))
+            truth[j] = (truth[j] + 1 + int(rng.integers(0, self.vocab - 1))) % self.vocab
+            return Draft(tuple(truth))
+        return Draft()
+
+
+class FixedDrafter(ListDrafter):
+    """Always proposes the same deterministic tokens (up to the budget)."""
+
+    def __init__(self, tokens):
+        super().__init__()
+        self.fixed = tuple(tokens)
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        return Draft(self.fixed[: ctx.max_draft])
+
+
+class StochasticDrafter(ListDrafter):
+    """Samples each draft token from fixed rows q (k, V) with the generation's rng."""
+
+    def __init__(self, q: np.ndarray):
+        super().__init__()
+        self.q = q / q.sum(axis=1, keepdims=True)
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        k = min(len(self.q), ctx.max_draft)
+        toks = tuple(int(ctx.rng.choice(self.q.shape[1], p=self.q[i])) for i in range(k))
+        return Draft(toks, self.q[:k])

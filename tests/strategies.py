@@ -1,0 +1,21 @@
+"""Shared hypothesis strategies."""
+
+from hypothesis import strategies as st
+
+# A step instruction for a scripted drafter: what kind of draft and how long.
+MODES = ("oracle", "random", "corrupt", "empty", "overlong")
+step_program = st.lists(
+    st.tuples(st.sampled_from(MODES), st.integers(0, 12), st.integers(0, 1 << 30)),
+    min_size=1,
+    max_size=30,
+)
+
+
+def prompts(vocab: int, max_len: int = 24):
+    return st.lists(st.integers(0, vocab - 1), min_size=1, max_size=max_len)
+
+
+def prob_rows(v: int, rows: int):
+    """(rows, v) strictly positive probability rows, as nested lists."""
+    row = st.lists(st.floats(0.05, 1.0), min_size=v, max_size=v)
+    return st.lists(row, min_size=rows, max_size=rows)

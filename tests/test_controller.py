@@ -1,0 +1,67 @@
+"""Tier 2: greedy speculative output == mlx-lm greedy AR for any draft, on tiny real models."""
+
+from drafters_for_tests import ScriptedDrafter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import prompts, step_program
+from tiny import VOCAB, ar_greedy
+
+from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.targets.adapter import KVTarget
+
+
+def run(model, drafter, prompt, max_tokens, eos=frozenset()):
+    dec = Decoder(KVTarget(model), drafter, DecodeConfig(max_tokens=max_tokens, eos_ids=eos))
+    return [e.token for e in decode(dec, prompt)], dec
+
+
+@settings(max_examples=25)
+@given(prompt=prompts(VOCAB), max_tokens=st.integers(1, 24), program=step_program)
+def test_greedy_output_equals_ar_for_any_draft(tiny, prompt, max_tokens, program):
+    ref = ar_greedy(tiny, prompt, max_tokens)
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    out, dec = run(tiny, drafter, prompt, max_tokens)
+    assert out == ref
+    # invariants after the run: the cache holds all but the newest token; views agree
+    assert dec.target.offset == len(prompt) + len(out) - 1
+    assert drafter.tokens == prompt + out == dec.committed
+
+
+@settings(max_examples=10)
+@given(prompt=prompts(VOCAB), max_tokens=st.integers(2, 30), k=st.integers(1, 12))
+def test_oracle_drafter_gets_every_draft_accepted(tiny, prompt, max_tokens, k):
+    ref = ar_greedy(tiny, prompt, max_tokens)
+    drafter = ScriptedDrafter([("oracle", k, 0)], ref, len(prompt), VOCAB)
+    out, dec = run(tiny, drafter, prompt, max_tokens)
+    assert out == ref
+    assert dec.stats.drafted > 0 and dec.stats.accepted == dec.stats.drafted
+    assert dec.stats.steps == -(-max_tokens // (k + 1))  # ceil: k+1 tokens per step
+
+
+@settings(max_examples=10)
+@given(prompt=prompts(VOCAB), program=step_program, cut=st.integers(1, 20))
+def test_eos_ends_generation_where_ar_would(tiny, prompt, program, cut):
+    ref = ar_greedy(tiny, prompt, 20)
+    eos = ref[cut - 1]
+    expected = ref[: ref.index(eos) + 1]
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    out, dec = run(tiny, drafter, prompt, 20, frozenset({eos}))
+    assert out == expected
+    assert dec.target.offset == len(prompt) + len(out) - 1
+
+
+@settings(max_examples=10)
+@given(prompt=prompts(VOCAB), program=step_program, stop_after=st.integers(1, 15))
+def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program, stop_after):
+    ref = ar_greedy(tiny, prompt, 16)
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=16))
+    events = decode(dec, prompt)
+    got = [next(events).token for _ in range(stop_after)]
+    events.close()
+    assert got == ref[:stop_after]
+    assert dec.committed == drafter.tokens == prompt + got
+    assert dec.target.offset == len(prompt) + stop_after - 1
+    # the cache is usable: one more plain step continues the AR sequence
+    new, *_ = dec.step(1)
+    assert new == [ref[stop_after]]
