@@ -195,10 +195,45 @@ class Decoder:
             self.drafter.rollback(n)
 
 
+def _pipelined_ar(decoder: Decoder) -> Iterator[TokenEvent]:
+    """Greedy AR with no drafter, pipelined as mlx-lm does: the forward for token n+1 is queued
+    (on the lazy argmax) before token n is read, hiding graph-building time."""
+    dec, target = decoder, decoder.target
+
+    def queue(tok: mx.array | list[int]) -> tuple[mx.array, mx.array]:
+        lp = sampling.logprobs(target.forward(tok).logits[-1])
+        y = mx.argmax(lp, axis=-1)
+        mx.async_eval(y, lp)
+        return y, lp
+
+    y, lp = queue([dec.committed[-1]])
+    for n in range(dec.cfg.max_tokens):
+        t0 = time.perf_counter()
+        nxt = queue(y[None]) if n + 1 < dec.cfg.max_tokens else None
+        tok = int(y.item())
+        dec.committed.append(tok)
+        s = StepStats(0, 0, 1, False, 0.0, time.perf_counter() - t0, 0.0)
+        dec.stats.record(s)
+        yield TokenEvent(tok, lp, False, s)
+        if tok in dec.cfg.eos_ids or nxt is None:
+            return
+        y, lp = nxt
+
+
 def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
     """Yield tokens one at a time; if the consumer stops early, both caches are rolled back to
     exactly the tokens it has received."""
     decoder.prefill(prompt)
+    if (
+        decoder.drafter is None
+        and decoder.cfg.sampling.greedy
+        and not decoder.cfg.logits_processors
+    ):
+        try:
+            yield from _pipelined_ar(decoder)
+        finally:  # a queued forward may sit past the newest committed token
+            decoder.target.rollback(decoder.target.offset - (len(decoder.committed) - 1))
+        return
     max_tokens = decoder.cfg.max_tokens
     emitted = 0
     pending = 0  # committed in the current step but not yet received by the consumer

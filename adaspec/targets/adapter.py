@@ -36,7 +36,7 @@ class Target(Protocol):
 
     def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None: ...
 
-    def forward(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> Forward: ...
+    def forward(self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...] = ()) -> Forward: ...
 
     def rollback(self, n: int) -> None: ...
 
@@ -144,8 +144,12 @@ class KVTarget:
     def offset(self) -> int:
         return self._offset
 
-    def _run(self, tokens: Sequence[int], taps: tuple[int, ...]) -> tuple[mx.array, list]:
-        x = mx.array(list(tokens), dtype=mx.uint32)[None]
+    def _run(
+        self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...]
+    ) -> tuple[mx.array, list]:
+        # an mx.array may still be lazy: the caller can queue this forward before reading it
+        x = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
+        x = x.astype(mx.uint32)[None]
         if not taps:
             return self.model(x, cache=self.cache)[0], []
         with tapped(self.model, taps) as sinks:
@@ -170,7 +174,7 @@ class KVTarget:
             return mx.zeros((0, len(taps) * self.info.hidden_size))
         return mx.concatenate(feats, axis=0)
 
-    def forward(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> Forward:
+    def forward(self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...] = ()) -> Forward:
         logits, hs = self._run(tokens, taps)
         self._offset += len(tokens)
         feats = mx.concatenate(hs, axis=-1) if taps else None

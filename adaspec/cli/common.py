@@ -1,0 +1,49 @@
+"""Flags shared by the generate and bench subcommands."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_DRAFTER = "pld"
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"mlx-lm folder, HF id, .gguf file or catalogue name (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--drafter",
+        default=DEFAULT_DRAFTER,
+        metavar="NAME[:ARG]",
+        help=f"none, pld, or any registered drafter; ARG goes to its factory "
+        f"(default {DEFAULT_DRAFTER})",
+    )
+    p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=0.0, help="nucleus sampling (0 or 1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="min-p sampling (0 = off)")
+    p.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    p.add_argument(
+        "--ignore-chat-template",
+        action="store_true",
+        help="feed the prompt as plain text even if the model has a chat template",
+    )
+
+
+def sampling_kwargs(args: argparse.Namespace) -> dict:
+    return {
+        "temp": args.temp,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "min_p": args.min_p,
+        "seed": args.seed,
+    }
+
+
+def load_model(name: str):
+    from ..targets.loader import load
+
+    return load(name)
