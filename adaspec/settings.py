@@ -33,6 +33,12 @@ class Settings(BaseModel):
     pld_max_ngram: int = Field(3, ge=1, le=64)
     pld_min_ngram: int = Field(1, ge=1, le=64)
     pld_draft_len: int = Field(10, ge=1, le=256)
+    # DFlash: block size (0 = the checkpoint's own), drafter context kept as sink + recent window
+    dflash_block: int = Field(0, ge=0, le=64)
+    dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)
+    dflash_ctx_sink: int = Field(4, ge=0, le=1024)
+    # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
+    auto_pld_min_match: int = Field(2, ge=1, le=64)
 
     @field_validator("blas")
     @classmethod

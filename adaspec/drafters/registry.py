@@ -20,6 +20,8 @@ Factory = Callable[[str | None, TargetInfo, Settings], DraftModel]
 _FACTORIES: dict[str, Factory] = {}
 _BUILTINS = {
     "pld": "adaspec.drafters.pld:factory",
+    "dflash": "adaspec.drafters.dflash:factory",
+    "auto": "adaspec.drafters.auto:factory",
 }
 _entry_points_loaded = False
 
