@@ -1,0 +1,224 @@
+"""DFlash drafter: drafts a whole block in one pass, conditioned on the target's tap features.
+
+Registry spec: ``dflash:DIR[,block=N][,window=N][,sink=N]`` -- DIR is a z-lab-format checkpoint
+folder (config.json + *.safetensors; it may not contain ',' here, use `load()` for such paths);
+block overrides the checkpoint's block size, window/sink the attended context (sink + recent).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import DrafterError
+from ..settings import Settings
+from ..targets.adapter import inner_model
+from .base import Draft, DraftContext, TargetInfo
+from .dflash_checkpoint import check_target, load_model, save_model
+from .dflash_model import DFlashModel
+from .pld import parse_kv
+
+log = logging.getLogger(__name__)
+
+ARG_KEYS = {"block": int, "window": int, "sink": int}
+_GROW = 256  # context rows allocated at a time
+
+
+class ContextCache:
+    """Per-layer context keys/values (post-RoPE, at absolute positions) of every committed
+    position but the newest. All rows are kept, so rollback across the window boundary is exact;
+    the window is a row selection at draft time."""
+
+    def __init__(self, model: DFlashModel):
+        cfg = model.cfg
+        self._shape = (1, cfg.num_key_value_heads, 0, cfg.head_dim)
+        self.keys = [mx.zeros(self._shape) for _ in range(cfg.num_hidden_layers)]
+        self.values = [mx.zeros(self._shape) for _ in range(cfg.num_hidden_layers)]
+        self.length = 0
+
+    def append(self, kv: list[tuple[mx.array, mx.array]]) -> None:
+        m = kv[0][0].shape[2]
+        end = self.length + m
+        if end > self.keys[0].shape[2]:
+            self._grow(-(-end // _GROW) * _GROW)
+        for i, (k, v) in enumerate(kv):
+            self.keys[i][..., self.length : end, :] = k
+            self.values[i][..., self.length : end, :] = v
+        self.length = end
+        # computed while the controller finishes its step; bounds the graph if nobody drafts
+        mx.async_eval(self.keys, self.values)
+
+    def _grow(self, cap: int) -> None:
+        n, h, _, d = self._shape
+        for buf in (self.keys, self.values):
+            for i, old in enumerate(buf):
+                new = mx.zeros((n, h, cap, d))
+                new[..., : self.length, :] = old[..., : self.length, :]
+                buf[i] = new
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(length, self.length))
+
+    def view(self, window: int, sink: int) -> tuple[list[tuple[mx.array, mx.array]], np.ndarray]:
+        """Attended rows: all if they fit the window, else the first `sink` + the most recent."""
+        S = self.length
+        if S <= window:
+            rows = [(k[..., :S, :], v[..., :S, :]) for k, v in zip(self.keys, self.values)]
+            return rows, np.arange(S)
+        r = S - (window - sink)
+
+        def pick(a: mx.array) -> mx.array:
+            return mx.concatenate([a[..., :sink, :], a[..., r:S, :]], axis=2)
+
+        rows = [(pick(k), pick(v)) for k, v in zip(self.keys, self.values)]
+        return rows, np.concatenate([np.arange(sink), np.arange(r, S)])
+
+
+class DFlashDrafter:
+    """DraftModel over a DFlashModel bound to the target's embedding and output head."""
+
+    name = "dflash"
+
+    def __init__(
+        self,
+        model: DFlashModel,
+        info: TargetInfo,
+        *,
+        block: int = 0,
+        window: int = 2048,
+        sink: int = 4,
+    ):
+        cfg = model.cfg
+        check_target(cfg, info)
+        self.block = block or cfg.block_size
+        if not 2 <= self.block <= 256:
+            raise DrafterError(
+                f"dflash block={block} is invalid; accepted: 0 (the checkpoint's "
+                f"{cfg.block_size}) or 2..256"
+            )
+        if not 0 <= sink < window:
+            raise DrafterError(
+                f"dflash context window={window}, sink={sink} are invalid; "
+                "accepted: 0 <= sink < window"
+            )
+        self.model, self.cfg, self.window, self.sink = model, cfg, window, sink
+        self.needs_taps = cfg.target_layer_ids
+        self.vocab_size = cfg.vocab_size
+        self._embed = inner_model(info.model).embed_tokens
+        head = getattr(info.model, "lm_head", None)
+        self._head = head if head is not None else self._embed.as_linear
+        self.tokens: list[int] = []
+        self.cache = ContextCache(model)
+
+    def _features(self, ctx: DraftContext, rows: int, where: str) -> mx.array:
+        f = ctx.features
+        if f is None or f.ndim != 2 or f.shape[0] < rows:
+            got = None if f is None else tuple(f.shape)
+            raise DrafterError(
+                f"dflash {where} got tap features of shape {got}; accepted: at least {rows} rows "
+                f"of the target layers {list(self.needs_taps)} (ctx.features)"
+            )
+        return f[f.shape[0] - rows :]
+
+    def _extend(self, tokens: Sequence[int], ctx: DraftContext, where: str) -> None:
+        # The context holds every committed position but the newest: the features that arrive
+        # for the newest token are the ones of the position before it.
+        self.tokens += [int(t) for t in tokens]
+        need = max(len(self.tokens) - 1, 0) - self.cache.length
+        if need > 0:
+            feats = self._features(ctx, need, where)
+            self.cache.append(self.model.context_kv(feats, self.cache.length))
+
+    def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self.tokens = []
+        self.cache = ContextCache(self.model)
+        self._extend(prompt_tokens, ctx, "prefill")
+
+    def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self._extend(committed_tokens, ctx, "advance")
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= len(self.tokens):
+            raise DrafterError(
+                f"dflash rollback({n}) out of range; accepted: 0..{len(self.tokens)}"
+            )
+        del self.tokens[len(self.tokens) - n :]
+        self.cache.truncate(len(self.tokens) - 1)
+
+    def block_logits(self, k: int) -> mx.array:
+        """(k, V) float32 logits of the k positions after the last committed token."""
+        if not self.tokens:
+            raise DrafterError("dflash draft() before prefill(); accepted: prefill a prompt first")
+        ids = mx.array([self.tokens[-1]] + [self.cfg.mask_token_id] * (self.block - 1))
+        x = self._embed(ids)[None].astype(mx.float32)
+        ctx, pos = self.cache.view(self.window, self.sink)
+        h = self.model(x, ctx, len(self.tokens) - 1, pos)
+        return self._head(h[0, 1 : k + 1]).astype(mx.float32)
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        k = min(self.block - 1, ctx.max_draft)
+        if k <= 0:
+            return Draft()
+        logits = self.block_logits(k)
+        if ctx.temperature <= 0:
+            return Draft(tuple(mx.argmax(logits, axis=-1).tolist()))
+        q = np.array(mx.softmax(logits / ctx.temperature, axis=-1), dtype=np.float64)
+        q /= q.sum(axis=1, keepdims=True)
+        c = np.cumsum(q, axis=1)
+        u = ctx.rng.random(k) * c[:, -1]
+        toks = [
+            min(int(np.searchsorted(c[i], u[i], side="right")), q.shape[1] - 1) for i in range(k)
+        ]
+        return Draft(tuple(toks), q)
+
+    def save(self, path: str | Path, dtype: str = "float32") -> Path:
+        return save_model(self.model, path, dtype)
+
+
+def load(
+    path: str | Path, info: TargetInfo, *, block: int = 0, window: int = 2048, sink: int = 4
+) -> DFlashDrafter:
+    """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
+    return DFlashDrafter(load_model(path, info), info, block=block, window=window, sink=sink)
+
+
+def default_checkpoint(info: TargetInfo) -> Path | None:
+    """The DFlash checkpoint shipped for this target, if any (none ship yet)."""
+    return None
+
+
+def split_arg(arg: str | None, keys: dict[str, type], who: str) -> tuple[str | None, dict]:
+    """'DIR,k=v,...' -> (DIR or None, {k: v}); DIR is the first part unless it is a known k=v."""
+    parts = (arg or "").split(",")
+    head = parts[0].strip()
+    if head and head.partition("=")[0].strip() not in keys:
+        return head, parse_kv(",".join(parts[1:]), keys, who)
+    return None, parse_kv(arg, keys, who)
+
+
+def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:
+    if folder:
+        return Path(folder)
+    default = default_checkpoint(info)
+    if default is None:
+        raise DrafterError(
+            f"{who} needs a DFlash checkpoint folder ({who}:DIR[,block=N,...]); no default "
+            f"checkpoint ships for target {info.model_type or '?'} "
+            f"(hidden {info.hidden_size}, vocab {info.vocab_size})"
+        )
+    return default
+
+
+def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DFlashDrafter:
+    folder, kw = split_arg(arg, ARG_KEYS, "dflash")
+    return load(
+        checkpoint_dir(folder, info, "dflash"),
+        info,
+        block=kw.get("block", settings.dflash_block),
+        window=kw.get("window", settings.dflash_ctx_window),
+        sink=kw.get("sink", settings.dflash_ctx_sink),
+    )

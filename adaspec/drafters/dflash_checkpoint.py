@@ -1,0 +1,158 @@
+"""DFlash checkpoints in z-lab's format (config.json + *.safetensors): validation against the
+config and the target, load and save."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from ..errors import DrafterError, DrafterMismatchError, ModelLoadError
+from .base import TargetInfo
+from .dflash_model import DFlashConfig, DFlashModel
+
+log = logging.getLogger(__name__)
+
+
+def expected_shapes(cfg: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    d, hd, ff = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qd, kvd = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    out = {
+        "fc.weight": (d, len(cfg.target_layer_ids) * d),
+        "hidden_norm.weight": (d,),
+        "norm.weight": (d,),
+    }
+    per_layer = {
+        "self_attn.q_proj.weight": (qd, d),
+        "self_attn.k_proj.weight": (kvd, d),
+        "self_attn.v_proj.weight": (kvd, d),
+        "self_attn.o_proj.weight": (d, qd),
+        "self_attn.q_norm.weight": (hd,),
+        "self_attn.k_norm.weight": (hd,),
+        "mlp.gate_proj.weight": (ff, d),
+        "mlp.up_proj.weight": (ff, d),
+        "mlp.down_proj.weight": (d, ff),
+        "input_layernorm.weight": (d,),
+        "post_attention_layernorm.weight": (d,),
+    }
+    for i in range(cfg.num_hidden_layers):
+        out.update({f"layers.{i}.{k}": s for k, s in per_layer.items()})
+    return out
+
+
+def _names(keys: list[str]) -> str:
+    return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
+
+
+def check_weights(weights: dict[str, mx.array], cfg: DFlashConfig, where: str) -> None:
+    want = expected_shapes(cfg)
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(set(weights) - set(want))
+    if missing or extra:
+        raise ModelLoadError(
+            f"DFlash checkpoint {where}: "
+            + "; ".join(
+                s
+                for s in (
+                    f"missing weight keys {_names(missing)}" if missing else "",
+                    f"unexpected weight keys {_names(extra)}" if extra else "",
+                )
+                if s
+            )
+            + "; accepted: exactly the z-lab DFlash keys for the config (fc, hidden_norm, "
+            "layers.N.self_attn/mlp/layernorms, norm)"
+        )
+    for k, shape in want.items():
+        if tuple(weights[k].shape) != shape:
+            raise ModelLoadError(
+                f"DFlash checkpoint {where}: weight {k} has shape {tuple(weights[k].shape)}; "
+                f"accepted: {shape} for this config.json"
+            )
+
+
+def check_target(cfg: DFlashConfig, info: TargetInfo) -> None:
+    """Raise DrafterMismatchError if the drafter cannot run on this target."""
+
+    def mismatch(what: str, value: object, target: object) -> DrafterMismatchError:
+        return DrafterMismatchError(
+            f"DFlash drafter {what}={value} does not fit the target ({info.model_type or '?'}, "
+            f"{what} {target}); accepted: a drafter trained for this target"
+        )
+
+    if cfg.vocab_size != info.vocab_size:
+        raise mismatch("vocab_size", cfg.vocab_size, info.vocab_size)
+    if cfg.hidden_size != info.hidden_size:
+        raise mismatch("hidden_size", cfg.hidden_size, info.hidden_size)
+    if cfg.num_target_layers is not None and cfg.num_target_layers != info.num_layers:
+        raise mismatch("num_target_layers", cfg.num_target_layers, info.num_layers)
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < info.num_layers]
+    if bad:
+        raise DrafterMismatchError(
+            f"DFlash target_layer_ids {bad} are out of range for the target's "
+            f"{info.num_layers} layers; accepted: 0..{info.num_layers - 1}"
+        )
+
+
+def read_checkpoint(
+    path: str | Path, info: TargetInfo | None = None
+) -> tuple[DFlashConfig, dict[str, mx.array]]:
+    """Config and weights, validated; with `info`, the config is checked against the target
+    before any weight is read (a drafter for another model is the likelier mistake)."""
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise ModelLoadError(
+            f"DFlash checkpoint folder {str(p)!r} does not exist; accepted: a "
+            "folder with config.json and *.safetensors"
+        )
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise ModelLoadError(f"DFlash checkpoint {str(p)!r} has no config.json")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"DFlash config {str(cfg_file)!r} is not valid JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"DFlash config {str(cfg_file)!r} is not a JSON object")
+    cfg = DFlashConfig.from_dict(raw)
+    if info is not None:
+        check_target(cfg, info)
+    files = sorted(p.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"DFlash checkpoint {str(p)!r} has no *.safetensors weight file")
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as exc:  # mlx raises bare RuntimeError/ValueError on broken files
+            raise ModelLoadError(f"cannot read DFlash weights {str(f)!r}: {exc}") from None
+    check_weights(weights, cfg, repr(str(p)))
+    return cfg, weights
+
+
+def load_model(path: str | Path, info: TargetInfo | None = None) -> DFlashModel:
+    """Read a z-lab-format checkpoint; computation runs in float32 whatever the stored dtype."""
+    cfg, weights = read_checkpoint(path, info)
+    model = DFlashModel(cfg)
+    model.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()], strict=True)
+    mx.eval(model.parameters())
+    log.info(
+        "loaded DFlash drafter %s: %d layers, block %d", path, cfg.num_hidden_layers, cfg.block_size
+    )
+    return model
+
+
+def save_model(model: DFlashModel, path: str | Path, dtype: str = "float32") -> Path:
+    """Write config.json + model.safetensors in z-lab's format (dtype: float32/float16/bfloat16)."""
+    if dtype not in ("float32", "float16", "bfloat16"):
+        raise DrafterError(f"save dtype {dtype!r} is invalid; accepted: float32, float16, bfloat16")
+    p = Path(path).expanduser()
+    p.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg.to_dict()
+    cfg["torch_dtype"] = dtype
+    (p / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(p / "model.safetensors"), weights, metadata={"format": "pt"})
+    return p

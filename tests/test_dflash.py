@@ -1,0 +1,432 @@
+"""Tier 2: the DFlash drafter on tiny random targets: lossless contract, context invariant under
+random commit/rollback, sampling, checkpoint round trip, a numpy re-computation, the context
+window, and bad-checkpoint errors."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from scipy.stats import chisquare
+from strategies import prompts
+from tiny import VOCAB, ar_greedy, tiny_model
+from tiny_dflash import (
+    assert_context_matches_fresh_prefill,
+    ctx,
+    params_of,
+    reference_logits,
+    tiny_config,
+    tiny_dflash_model,
+    tiny_drafter,
+)
+
+from adaspec import settings as settings_mod
+from adaspec.drafters import dflash
+from adaspec.drafters.dflash import DFlashDrafter
+from adaspec.drafters.registry import make
+from adaspec.errors import DrafterError, DrafterMismatchError, ModelLoadError
+from adaspec.policy import sampling
+from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.targets.adapter import KVTarget, target_info
+
+TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}
+SMALL_V = {a: tiny_model(a, vocab=12, seed=2) for a in ("llama", "qwen3")}
+FEATS = np.random.default_rng(7).normal(size=(200, 128)).astype(np.float32)  # 2 taps x 64
+
+
+def embed_head(target):
+    w = np.array(target.model.embed_tokens.weight, dtype=np.float64)
+    return w, w  # the tiny targets tie their embeddings
+
+
+# ---- (a) contract: greedy output == mlx-lm greedy AR for any drafter weights ----------------
+
+
+@settings(max_examples=20)
+@given(
+    arch=st.sampled_from(["llama", "qwen3"]),
+    small_vocab=st.booleans(),
+    prompt=prompts(12, max_len=20),
+    max_tokens=st.integers(1, 24),
+    seed=st.integers(0, 1 << 16),
+    block=st.integers(2, 10),
+    window=st.sampled_from([3, 8, 2048]),
+)
+def test_greedy_output_equals_ar(arch, small_vocab, prompt, max_tokens, seed, block, window):
+    target = (SMALL_V if small_vocab else TARGETS)[arch]
+    drafter = tiny_drafter(target, seed=seed, block=block, window=window, sink=min(2, window - 1))
+    dec = Decoder(KVTarget(target), drafter, DecodeConfig(max_tokens=max_tokens))
+    out = [e.token for e in decode(dec, prompt)]
+    assert out == ar_greedy(target, prompt, max_tokens)
+    assert drafter.tokens == dec.committed == prompt + out
+    assert drafter.cache.length == len(dec.committed) - 1
+    assert dec.stats.drafted <= dec.stats.spec_steps * (drafter.block - 1)
+    assert_context_matches_fresh_prefill(target, drafter, dec.committed)
+
+
+@settings(max_examples=8)
+@given(prompt=prompts(12, max_len=12), stop_after=st.integers(1, 12), seed=st.integers(0, 99))
+def test_consumer_stopping_early_keeps_context_invariant(prompt, stop_after, seed):
+    target = SMALL_V["qwen3"]
+    drafter = tiny_drafter(target, seed=seed)
+    dec = Decoder(KVTarget(target), drafter, DecodeConfig(max_tokens=16))
+    events = decode(dec, prompt)
+    got = [next(events).token for _ in range(stop_after)]
+    events.close()
+    assert drafter.tokens == dec.committed == prompt + got
+    assert drafter.cache.length == len(dec.committed) - 1
+
+
+def test_draft_length_is_block_minus_one_capped_by_budget():
+    target = TARGETS["llama"]
+    d = tiny_drafter(target, block=6)
+    d.prefill([1, 2, 3], ctx([1, 2, 3], FEATS[:2]))
+    assert len(d.draft(ctx(d.tokens, max_draft=64))) == 5
+    assert len(d.draft(ctx(d.tokens, max_draft=3))) == 3
+    assert len(d.draft(ctx(d.tokens, max_draft=0))) == 0
+    assert d.needs_taps == (0, 1) and d.vocab_size == VOCAB
+
+
+# ---- (b) stateful: random draft/accept/rollback programs vs a list model -------------------
+
+
+class ContextMachine(RuleBasedStateMachine):
+    """Features depend only on the position, so a drafter prefilled from scratch with the
+    committed sequence must give the same block logits as the one driven step by step."""
+
+    @initialize(
+        arch=st.sampled_from(["llama", "qwen3"]),
+        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12),
+        small_window=st.booleans(),
+    )
+    def start(self, arch, prompt, small_window):
+        self.target = TARGETS[arch]
+        window, sink = (5, 2) if small_window else (2048, 4)
+        self.drafter = tiny_drafter(self.target, window=window, sink=sink, block=5)
+        self.drafter.prefill(prompt, ctx(prompt, FEATS[: len(prompt) - 1]))
+        self.tokens = list(prompt)
+
+    @precondition(lambda self: hasattr(self, "tokens") and len(self.tokens) < 150)
+    @rule(data=st.data())
+    def draft_and_commit(self, data):
+        d = self.drafter.draft(ctx(self.tokens, max_draft=data.draw(st.integers(0, 6))))
+        a = data.draw(st.integers(0, len(d)), label="accepted")
+        new = [*d.tokens[:a], data.draw(st.integers(0, VOCAB - 1), label="bonus")]
+        L = len(self.tokens)
+        self.drafter.advance(new, ctx(self.tokens + new, FEATS[L - 1 : L - 1 + len(new)]))
+        self.tokens += new
+
+    @precondition(lambda self: hasattr(self, "tokens"))
+    @rule(data=st.data())
+    def rollback(self, data):
+        n = data.draw(st.integers(0, len(self.tokens) - 1), label="n")
+        self.drafter.rollback(n)
+        del self.tokens[len(self.tokens) - n :]
+
+    @invariant()
+    def views_agree_and_context_is_committed_minus_one(self):
+        if hasattr(self, "tokens"):
+            assert self.drafter.tokens == self.tokens
+            assert self.drafter.cache.length == len(self.tokens) - 1
+
+    @invariant()
+    def same_logits_as_a_fresh_prefill(self):
+        if not hasattr(self, "tokens"):
+            return
+        d = self.drafter
+        fresh = DFlashDrafter(
+            d.model, target_info(self.target), window=d.window, sink=d.sink, block=d.block
+        )
+        fresh.prefill(self.tokens, ctx(self.tokens, FEATS[: len(self.tokens) - 1]))
+        np.testing.assert_allclose(
+            np.array(d.block_logits(4)), np.array(fresh.block_logits(4)), atol=1e-4, rtol=1e-4
+        )
+
+
+ContextMachine.TestCase.settings = settings(max_examples=15, stateful_step_count=12)
+TestContextMachine = ContextMachine.TestCase
+
+
+def test_rollback_out_of_range_and_zero():
+    d = tiny_drafter(TARGETS["llama"])
+    d.prefill([1, 2, 3], ctx([1, 2, 3], FEATS[:2]))
+    before = np.array(d.block_logits(3))
+    d.rollback(0)
+    np.testing.assert_array_equal(np.array(d.block_logits(3)), before)
+    with pytest.raises(DrafterError, match=r"rollback\(4\) out of range; accepted: 0..3"):
+        d.rollback(4)
+
+
+def test_missing_features_rejected():
+    d = tiny_drafter(TARGETS["llama"])
+    with pytest.raises(DrafterError, match="tap features of shape None"):
+        d.prefill([1, 2, 3], ctx([1, 2, 3], None))
+    with pytest.raises(DrafterError, match=r"shape \(1, 128\); accepted: at least 2 rows"):
+        d.prefill([1, 2, 3], ctx([1, 2, 3], FEATS[:1]))
+
+
+# ---- (c) sampling: T>0 drafts are draws from q, and the output follows the target ----------
+
+V = 8
+PROMPT = [1, 2, 3]
+SAMPLE_TARGET = tiny_model("llama", vocab=V, seed=3, scale=0.5)
+
+
+def _target_dist(tokens, params):
+    logits = SAMPLE_TARGET(mx.array(tokens)[None])[0, -1:].astype(mx.float32)
+    return np.array(sampling.probs(sampling.logprobs(logits), params))[0].astype(np.float64)
+
+
+def _exact_joint(params, n):
+    def rec(prefix, depth):
+        p = _target_dist(PROMPT + prefix, params)
+        if depth == 1:
+            return p
+        return np.concatenate([p[a] * rec(prefix + [a], depth - 1) for a in range(V)])
+
+    return rec([], n)
+
+
+def _chi2_ok(counts, probs):
+    exp = probs * counts.sum()
+    keep = exp >= 5
+    obs, e = np.append(counts[keep], counts[~keep].sum()), np.append(exp[keep], exp[~keep].sum())
+    obs, e = (obs, e) if e[-1] > 0 else (obs[:-1], e[:-1])
+    res = chisquare(obs, e * obs.sum() / e.sum())
+    assert res.pvalue > 1e-3, res
+
+
+def test_sampled_drafts_are_draws_from_q():
+    d = tiny_drafter(SAMPLE_TARGET)
+    d.prefill(PROMPT, ctx(PROMPT, FEATS[:2]))
+    rng = np.random.default_rng(1)
+    drafts = [d.draft(ctx(PROMPT, max_draft=2, temperature=0.8, rng=rng)) for _ in range(600)]
+    q = drafts[0].probs
+    assert q.shape == (2, V) and np.allclose(q.sum(1), 1)
+    assert all(np.array_equal(x.probs, q) for x in drafts)  # q depends on the state only
+    for i in range(2):
+        _chi2_ok(np.bincount([x.tokens[i] for x in drafts], minlength=V).astype(float), q[i])
+
+
+def test_speculative_sampling_with_dflash_matches_target():
+    params = sampling.SamplingParams(temp=0.8, top_p=0.9)
+    drafter = tiny_drafter(SAMPLE_TARGET, seed=4, block=4)
+    counts = np.zeros(V**3)
+    for s in range(1200):
+        dec = Decoder(
+            KVTarget(SAMPLE_TARGET),
+            drafter,
+            DecodeConfig(max_tokens=3, sampling=params),
+            rng=np.random.default_rng(s),
+        )
+        a, b, c = [e.token for e in decode(dec, PROMPT)]
+        counts[(a * V + b) * V + c] += 1
+    assert dec.stats.drafted > 0
+    _chi2_ok(counts, _exact_joint(params, 3))
+
+
+# ---- (d) save / load round trip -----------------------------------------------------------
+
+
+def test_save_load_round_trip_gives_identical_drafts(tmp_path):
+    target = TARGETS["qwen3"]
+    d = tiny_drafter(
+        target,
+        seed=3,
+        block=6,
+        layer_types=("full_attention", "sliding_attention"),
+        sliding_window=4,
+    )
+    d.save(tmp_path / "f32")
+    info = target_info(target)
+    loaded = make(f"dflash:{tmp_path / 'f32'}", info, settings_mod.from_env({}))
+    assert loaded.block == 6 and loaded.cfg.layer_types == d.cfg.layer_types
+    for x in (d, loaded):
+        x.prefill(list(range(10)), ctx(range(10), FEATS[:9]))
+    np.testing.assert_array_equal(np.array(loaded.block_logits(5)), np.array(d.block_logits(5)))
+    assert loaded.draft(ctx(loaded.tokens)) == d.draft(ctx(d.tokens))
+    # fp16 storage: same format, loads back to float32 compute, close logits
+    d.save(tmp_path / "f16", dtype="float16")
+    cfg = json.loads((tmp_path / "f16" / "config.json").read_text())
+    assert cfg["dflash_config"] == {
+        "block_size": 6,
+        "target_layer_ids": [0, 1],
+        "mask_token_id": VOCAB - 1,
+    }
+    half = dflash.load(tmp_path / "f16", info, block=3)
+    assert half.block == 3 and half.model.fc.weight.dtype == mx.float32
+
+
+# ---- (e) an independent numpy re-computation of one forward --------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("layer_types", [None, ("sliding_attention", "full_attention")])
+def test_forward_matches_numpy_reference(arch, layer_types):
+    target = TARGETS[arch]
+    over = dict(layer_types=layer_types, sliding_window=6) if layer_types else {}
+    d = tiny_drafter(target, seed=5, block=7, rope_theta=500.0, **over)
+    prompt = [5, 9, 200, 3, 3, 17, 42, 8, 1, 77, 6]
+    d.prefill(prompt, ctx(prompt, FEATS[: len(prompt) - 1]))
+    got = np.array(d.block_logits(6))
+    embed, head = embed_head(target)
+    S = len(prompt) - 1
+    want = reference_logits(
+        d.cfg, params_of(d.model), embed, head, FEATS[:S], np.arange(S), prompt[-1], S, 7
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- (f) the context window changes which rows are attended, nothing else ------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_window_selects_sink_and_recent_rows_at_absolute_positions(arch):
+    target = TARGETS[arch]
+    cfg = tiny_config(target_info(target), block=5)
+    model = tiny_dflash_model(cfg, seed=9)
+    info = target_info(target)
+    prompt = list(range(40, 70))  # 29 context rows
+    S = len(prompt) - 1
+
+    def logits(window, sink, feats=FEATS[:S], positions=None):
+        d = DFlashDrafter(model, info, window=window, sink=sink)
+        d.prefill(prompt, ctx(prompt, feats))
+        if positions is not None:  # rebuild the context from the chosen rows only
+            d.cache = dflash.ContextCache(model)
+            for p in positions:
+                d.cache.append(model.context_kv(mx.array(FEATS[p : p + 1]), int(p)))
+        return np.array(d.block_logits(4))
+
+    full = logits(2048, 4)
+    np.testing.assert_array_equal(logits(S, 4), full)  # window >= context: all rows attended
+    small = logits(8, 3)
+    kept = [0, 1, 2, *range(S - 5, S)]
+    np.testing.assert_allclose(small, logits(2048, 0, positions=kept), atol=1e-5, rtol=1e-5)
+    assert not np.allclose(small, full, atol=1e-3)  # the window did change the attended rows
+    # and the numpy reference with the same rows at the same absolute positions agrees
+    embed, head = embed_head(target)
+    want = reference_logits(
+        cfg, params_of(model), embed, head, FEATS[kept], np.array(kept), prompt[-1], S, 5
+    )
+    np.testing.assert_allclose(small, want, rtol=1e-4, atol=1e-4)
+
+
+# ---- (g) bad checkpoints and arguments are rejected with clear messages --------------------
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dflash") / "ok"
+    tiny_drafter(TARGETS["llama"]).save(path)
+    return path
+
+
+def _variant(ckpt, tmp_path, config=None, weights=None):
+    import shutil
+
+    out = tmp_path / "bad"
+    shutil.copytree(ckpt, out)
+    if config is not None:
+        cfg = json.loads((out / "config.json").read_text())
+        config(cfg)
+        (out / "config.json").write_text(json.dumps(cfg))
+    if weights is not None:
+        w = dict(mx.load(str(out / "model.safetensors")))
+        weights(w)
+        mx.save_safetensors(str(out / "model.safetensors"), w)
+    return out
+
+
+def _set(**kv):
+    return lambda d: d.update(kv)
+
+
+def _set_dflash(**kv):
+    return lambda d: d["dflash_config"].update(kv)
+
+
+def _pop(key):
+    return lambda d: d.pop(key)
+
+
+BAD_CONFIGS = [
+    (_set(vocab_size=300), DrafterMismatchError, "vocab_size=300 .*vocab_size 260"),
+    (_set(hidden_size=32), DrafterMismatchError, "hidden_size=32 .*hidden_size 64"),
+    (_set(num_target_layers=5), DrafterMismatchError, "num_target_layers=5"),
+    (_set_dflash(target_layer_ids=[0, 2]), DrafterMismatchError, r"\[2\] are out of range.*0..1"),
+    (_set(layer_types=["full_attention", "mamba"]), DrafterError, r"layer_types \['mamba'\]"),
+    (
+        _set(layer_types=["sliding_attention"] * 2, sliding_window=None),
+        DrafterError,
+        "sliding_window=None",
+    ),
+    (_set(layer_types=["full_attention"]), DrafterError, "layer_types of length 1"),
+    (_set_dflash(mask_token_id=999), DrafterError, r"mask_token_id=999 .*0..259"),
+    (_set_dflash(block_size=1), DrafterError, "block_size=1"),
+    (_set(num_key_value_heads=3), DrafterError, "divisible"),
+    (_set(architectures=["DFlash2DraftModel"]), DrafterError, "'DFlash2DraftModel' is not"),
+    (_pop("hidden_size"), ModelLoadError, "lacks hidden_size"),
+    (_pop("dflash_config"), ModelLoadError, "lacks dflash_config.target_layer_ids"),
+    (_set(hidden_size="big"), ModelLoadError, "wrong type"),
+]
+
+
+@pytest.mark.parametrize("mutate,exc,msg", BAD_CONFIGS)
+def test_bad_config_rejected(ckpt, tmp_path, mutate, exc, msg):
+    with pytest.raises(exc, match=msg):
+        dflash.load(_variant(ckpt, tmp_path, config=mutate), target_info(TARGETS["llama"]))
+
+
+BAD_WEIGHTS = [
+    (lambda w: w.pop("layers.1.mlp.up_proj.weight"), "missing weight keys layers.1.mlp.up_proj"),
+    (lambda w: w.update(extra=mx.zeros(3)), "unexpected weight keys extra"),
+    (
+        lambda w: w.update({"fc.weight": mx.zeros((64, 64))}),
+        r"fc.weight has shape \(64, 64\); accepted: \(64, 128\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("mutate,msg", BAD_WEIGHTS)
+def test_bad_weights_rejected(ckpt, tmp_path, mutate, msg):
+    with pytest.raises(ModelLoadError, match=msg):
+        dflash.load(_variant(ckpt, tmp_path, weights=mutate), target_info(TARGETS["llama"]))
+
+
+def test_missing_files_rejected(ckpt, tmp_path):
+    info = target_info(TARGETS["llama"])
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        dflash.load(tmp_path / "nope", info)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        dflash.load(tmp_path / "empty", info)
+    out = _variant(ckpt, tmp_path)
+    (out / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match=r"no \*.safetensors"):
+        dflash.load(out, info)
+    (out / "config.json").write_text("{not json")
+    with pytest.raises(ModelLoadError, match="not valid JSON"):
+        dflash.load(out, info)
+
+
+def test_factory_arguments(ckpt):
+    info = target_info(TARGETS["llama"])
+    s = settings_mod.from_env({"ADASPEC_DFLASH_BLOCK": "4", "ADASPEC_DFLASH_CTX_WINDOW": "64"})
+    d = make(f"dflash:{ckpt}", info, s)
+    assert (d.block, d.window, d.sink) == (4, 64, 4)
+    d = make(f"dflash:{ckpt},block=3,window=16,sink=0", info, s)
+    assert (d.block, d.window, d.sink) == (3, 16, 0)
+    with pytest.raises(DrafterError, match=r"'blok=3' is invalid; accepted: block=<int>"):
+        make(f"dflash:{ckpt},blok=3", info, s)
+    with pytest.raises(DrafterError, match="block=1 is invalid"):
+        make(f"dflash:{ckpt},block=1", info, s)
+    with pytest.raises(DrafterError, match="window=8, sink=8 are invalid"):
+        make(f"dflash:{ckpt},window=8,sink=8", info, s)
+    with pytest.raises(DrafterError, match="needs a DFlash checkpoint folder"):
+        make("dflash", info, s)
+    with pytest.raises(DrafterError, match="needs a DFlash checkpoint folder"):
+        make("dflash:block=4", info, s)
