@@ -84,6 +84,17 @@ def resolve_drafter(
     return d
 
 
+def default_policy(drafter: DraftModel | None, settings: settings_mod.Settings) -> SpecPolicy:
+    """Gated (per ADASPEC_GATE) when there is a drafter; plain AR otherwise."""
+    if drafter is None:
+        return NeverSpeculate()
+    if settings.gate == "off":
+        return AlwaysSpeculate()
+    from .policy.adaptive import GatedPolicy, PolicyConfig
+
+    return GatedPolicy(PolicyConfig.from_settings(settings))
+
+
 def _find_stop(text: str, stop: Sequence[str], since: int) -> int | None:
     """Start of the earliest stop string that ends after position `since`, or None."""
     hits = [i for s in stop if (i := text.find(s, max(since - len(s) + 1, 0))) >= 0]
@@ -139,7 +150,7 @@ def stream_generate(
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
     )
-    pol = policy or (AlwaysSpeculate() if d is not None else NeverSpeculate())
+    pol = policy or default_policy(d, settings)
     decoder = Decoder(target, d, cfg, pol, np.random.default_rng(seed))
     yield from _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import SettingsError
 
 PREFIX = "ADASPEC_"
+GATE_CHOICES = ("both", "entropy", "commit", "off")
 
 
 def _default_cache() -> Path:
@@ -37,6 +38,24 @@ class Settings(BaseModel):
     dflash_block: int = Field(0, ge=0, le=64)
     dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)
     dflash_ctx_sink: int = Field(4, ge=0, le=1024)
+    # Gates (DESIGN §5): which are active, and their thresholds
+    gate: str = "both"
+    gate_ar_p1: float = Field(0.90, gt=0, le=1)
+    gate_tie_p1: float = Field(0.45, ge=0, le=1)
+    gate_entropy_sustain: int = Field(2, ge=1, le=1000)
+    gate_margin: float = Field(1.0, gt=0, le=100)
+    gate_commit_sustain: int = Field(3, ge=1, le=1000)
+    gate_warmup: int = Field(2, ge=0, le=1000)
+    gate_ema_weight: float = Field(0.5, gt=0, le=1)
+    gate_min_t_ar_ms: float = Field(0.5, gt=0, le=10000)
+    # re-measure the plain-step time when the context grew by this fraction
+    gate_t_ar_refresh: float = Field(0.25, gt=0, le=100)
+    # After a floor: plain steps before probing again, growth per losing probe, its cap, and
+    # how many speculative steps a probe must survive to win.
+    probe_backoff: int = Field(8, ge=1, le=1 << 20)
+    probe_growth: float = Field(2.0, ge=1, le=100)
+    probe_max_backoff: int = Field(256, ge=1, le=1 << 20)
+    probe_len: int = Field(6, ge=1, le=1000)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
 
@@ -50,7 +69,25 @@ class Settings(BaseModel):
             return v
         raise ValueError("accepted: auto, mkl, openblas, off, or a path to a BLAS shared library")
 
+    @field_validator("gate")
+    @classmethod
+    def _gate_choice(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v not in GATE_CHOICES:
+            raise ValueError(f"accepted: {', '.join(GATE_CHOICES)}")
+        return v
+
     def check(self) -> Settings:
+        if self.gate_tie_p1 > self.gate_ar_p1:
+            raise SettingsError(
+                f"ADASPEC_GATE_TIE_P1={self.gate_tie_p1} is larger than ADASPEC_GATE_AR_P1="
+                f"{self.gate_ar_p1}; accepted: tie_p1 <= ar_p1"
+            )
+        if self.probe_backoff > self.probe_max_backoff:
+            raise SettingsError(
+                f"ADASPEC_PROBE_BACKOFF={self.probe_backoff} is larger than "
+                f"ADASPEC_PROBE_MAX_BACKOFF={self.probe_max_backoff}; accepted: backoff <= max"
+            )
         if self.pld_min_ngram > self.pld_max_ngram:
             raise SettingsError(
                 f"ADASPEC_PLD_MIN_NGRAM={self.pld_min_ngram} is larger than "

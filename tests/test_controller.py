@@ -6,6 +6,8 @@ from hypothesis import strategies as st
 from strategies import prompts, step_program
 from tiny import VOCAB, ar_greedy
 
+from adaspec.policy import gates
+from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.adapter import KVTarget
 
@@ -65,3 +67,36 @@ def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program,
     # the cache is usable: one more plain step continues the AR sequence
     new, *_ = dec.step(1)
     assert new == [ref[stop_after]]
+
+
+gate_configs = st.builds(
+    lambda ar_p1, tie, margin, warmup, sustain, backoff, which: PolicyConfig(
+        entropy=gates.EntropyConfig(ar_p1=ar_p1, tie_p1=min(tie, ar_p1), sustain=sustain)
+        if which != "commit"
+        else None,
+        commit=gates.CommitConfig(margin=margin, warmup=warmup, sustain=sustain)
+        if which != "entropy"
+        else None,
+        probe=gates.ProbeConfig(backoff=backoff, growth=2, max_backoff=16, probe_len=2),
+        t_ar_refresh=0.1,
+    ),
+    st.floats(0.05, 1.0),
+    st.floats(0, 1),
+    st.floats(0.1, 5),
+    st.integers(0, 3),
+    st.integers(1, 3),
+    st.integers(1, 4),
+    st.sampled_from(["both", "entropy", "commit"]),
+)
+
+
+@settings(max_examples=20)
+@given(prompt=prompts(VOCAB), max_tokens=st.integers(1, 30), program=step_program, cfg=gate_configs)
+def test_gates_never_change_the_greedy_output(tiny, prompt, max_tokens, program, cfg):
+    ref = ar_greedy(tiny, prompt, max_tokens)
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    dec = Decoder(
+        KVTarget(tiny), drafter, DecodeConfig(max_tokens=max_tokens), policy=GatedPolicy(cfg)
+    )
+    assert [e.token for e in decode(dec, prompt)] == ref
+    assert drafter.tokens == prompt + ref

@@ -74,7 +74,11 @@ def test_vocabulary_mismatch(tiny, tokenizer):
     ],
 )
 def test_illegal_drafts_are_refused_before_anything_is_emitted(tiny, tokenizer, tokens, match):
-    stream = adaspec.stream_generate(tiny, tokenizer, "hello", drafter=Bad(tokens), max_tokens=20)
+    # gates off: the drafter is consulted at the very first step
+    settings = from_env({}, gate="off")
+    stream = adaspec.stream_generate(
+        tiny, tokenizer, "hello", drafter=Bad(tokens), max_tokens=20, settings=settings
+    )
     with pytest.raises(DrafterError, match=match):
         next(stream)
 

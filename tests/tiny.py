@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+# isort: off
+import adaspec  # noqa: F401  (must come first: loads the fast BLAS before mlx)
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_map
 
-import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
+# isort: on
 
 VOCAB = 260  # 256 bytes + <eos> (256) + spare ids
 EOS = 256

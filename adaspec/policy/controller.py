@@ -30,27 +30,34 @@ class DecodeConfig:
 
 
 class SpecPolicy(Protocol):
-    """Decides, from past steps only, how many tokens may be drafted next (0 = plain AR)."""
+    """Decides, from past steps only, how many tokens may be drafted next (0 = plain AR).
+    needs_p1: whether `observe` wants StepStats.p1 (costs one reduction per step)."""
+
+    needs_p1: bool
 
     def max_draft(self) -> int: ...
 
     def observe(self, step: StepStats) -> None: ...
 
+    def summary(self) -> dict: ...
+
 
 class AlwaysSpeculate:
+    needs_p1 = False
+
     def max_draft(self) -> int:
         return 1 << 30
 
     def observe(self, step: StepStats) -> None:
         pass
 
+    def summary(self) -> dict:
+        return {}
 
-class NeverSpeculate:
+
+class NeverSpeculate(AlwaysSpeculate):
     def max_draft(self) -> int:
         return 0
-
-    def observe(self, step: StepStats) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -171,6 +178,9 @@ class Decoder:
             feats = fwd.features[: len(new)] if fwd.features is not None else None
             self.drafter.advance(new, self._ctx(features=feats))
         t3 = time.perf_counter()
+        p1 = None
+        if self.policy.needs_p1 and len(draft) > 0:
+            p1 = float(mx.exp(mx.max(verdict.logprobs[verdict.outcome.accepted])).item())
         s = StepStats(
             len(draft),
             verdict.outcome.accepted,
@@ -179,9 +189,12 @@ class Decoder:
             t1 - t0,
             t2 - t1,
             t3 - t2,
+            len(self.committed),
+            p1,
         )
         self.stats.record(s)
         self.policy.observe(s)
+        self.stats.policy = self.policy.summary()
         from_draft = [j < verdict.outcome.accepted for j in range(len(new))]
         return new, from_draft, verdict.logprobs, s
 
@@ -212,7 +225,7 @@ def _pipelined_ar(decoder: Decoder) -> Iterator[TokenEvent]:
         nxt = queue(y[None]) if n + 1 < dec.cfg.max_tokens else None
         tok = int(y.item())
         dec.committed.append(tok)
-        s = StepStats(0, 0, 1, False, 0.0, time.perf_counter() - t0, 0.0)
+        s = StepStats(0, 0, 1, False, 0.0, time.perf_counter() - t0, 0.0, len(dec.committed))
         dec.stats.record(s)
         yield TokenEvent(tok, lp, False, s)
         if tok in dec.cfg.eos_ids or nxt is None:

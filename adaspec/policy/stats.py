@@ -17,6 +17,8 @@ class StepStats:
     draft_s: float
     verify_s: float
     rollback_s: float
+    context: int = 0  # committed sequence length after the step
+    p1: float | None = None  # target's top-1 probability at the newest position, if computed
 
     @property
     def total_s(self) -> float:
@@ -41,6 +43,7 @@ class GenerationStats:
     # accepted_at[i]: speculative steps whose draft position i was accepted
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
+    policy: dict = field(default_factory=dict)  # the policy's own counters (floors, probes)
 
     def record(self, s: StepStats) -> None:
         self.steps += 1
@@ -94,4 +97,5 @@ class GenerationStats:
             "verify_s": round(self.verify_s, 6),
             "rollback_s": round(self.rollback_s, 6),
             "prefill_s": round(self.prefill_s, 6),
+            **{k: v for k, v in self.policy.items() if k != "config"},
         }

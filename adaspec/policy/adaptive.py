@@ -1,0 +1,118 @@
+"""The adaptive policy: entropy and commit-EMA gates, AR floor with growing-backoff re-probes,
+and the plain-step time (t_ar) the commit gate is calibrated against."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from ..settings import Settings
+from . import gates
+from .stats import StepStats
+
+UNLIMITED = 1 << 30
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    entropy: gates.EntropyConfig | None = field(default_factory=gates.EntropyConfig)
+    commit: gates.CommitConfig | None = field(default_factory=gates.CommitConfig)
+    probe: gates.ProbeConfig = field(default_factory=gates.ProbeConfig)
+    t_ar_refresh: float = 0.25
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> PolicyConfig:
+        entropy = gates.EntropyConfig(
+            s.gate_ar_p1, s.gate_tie_p1, s.gate_entropy_sustain, s.gate_ema_weight
+        )
+        commit = gates.CommitConfig(
+            s.gate_margin,
+            s.gate_commit_sustain,
+            s.gate_warmup,
+            s.gate_ema_weight,
+            s.gate_min_t_ar_ms / 1000,
+        )
+        probe = gates.ProbeConfig(s.probe_backoff, s.probe_growth, s.probe_max_backoff, s.probe_len)
+        return cls(
+            entropy if s.gate in ("both", "entropy") else None,
+            commit if s.gate in ("both", "commit") else None,
+            probe,
+            s.gate_t_ar_refresh,
+        )
+
+
+@dataclass
+class ArClock:
+    """The latest warm plain-step time and the context length it was measured at."""
+
+    t_ar: float = math.nan
+    context: int = 0
+    plain_seen: int = 0
+
+    def observe(self, step: StepStats) -> None:
+        if step.speculative:
+            return
+        self.plain_seen += 1
+        if self.plain_seen > 1:  # the first plain step of a generation runs cold
+            self.t_ar, self.context = step.total_s, step.context
+
+    def stale(self, context: int, refresh: float) -> bool:
+        return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
+
+
+class GatedPolicy:
+    """SpecPolicy: speculate unless a gate floored us; re-probe after a growing backoff.
+    A gate only decides whether to draft; it never changes which token is emitted."""
+
+    def __init__(self, cfg: PolicyConfig | None = None):
+        self.cfg = cfg or PolicyConfig()
+        self.needs_p1 = self.cfg.entropy is not None
+        self.floor = gates.FloorState()
+        self.clock = ArClock()
+        self.context = 0
+        self.measure_steps = 0
+        self._reset_gates()
+
+    def _reset_gates(self) -> None:
+        self.entropy = gates.EntropyState()
+        self.commit = gates.CommitState()
+
+    def max_draft(self) -> int:
+        if self.floor.floored:
+            return 0
+        if self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh):
+            self.measure_steps += 1
+            return 0  # one plain step to (re)measure t_ar at this context
+        return UNLIMITED
+
+    def observe(self, step: StepStats) -> None:
+        self.context = step.context
+        self.clock.observe(step)
+        if not step.speculative:
+            self.floor = gates.on_plain_step(self.floor)
+            return
+        fire = False
+        if self.cfg.entropy is not None and step.p1 is not None:
+            self.entropy, f = gates.entropy_step(self.cfg.entropy, self.entropy, step.p1)
+            fire |= f
+        if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
+            self.commit, f = gates.commit_step(
+                self.cfg.commit, self.commit, step.committed, step.total_s, self.clock.t_ar
+            )
+            fire |= f
+        if fire:
+            self.floor = gates.on_floor(self.cfg.probe, self.floor)
+            self._reset_gates()
+        else:
+            self.floor = gates.on_spec_step(self.cfg.probe, self.floor)
+
+    def summary(self) -> dict:
+        f = self.floor
+        return {
+            "floors": f.floors,
+            "probes_won": f.probes_won,
+            "probes_lost": f.probes_lost,
+            "measure_steps": self.measure_steps,
+            "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
+            "config": asdict(self.cfg),
+        }

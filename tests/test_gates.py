@@ -1,0 +1,198 @@
+"""Tier 1: gate state machines (lucebox's scenarios + hypothesis properties) and the policy's
+floor / re-probe schedule, driven with synthetic step timings."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaspec.errors import SettingsError
+from adaspec.policy import gates
+from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+from adaspec.policy.stats import StepStats
+from adaspec.settings import from_env
+
+C = gates.CommitConfig()
+E = gates.EntropyConfig()
+T_AR = 0.010
+
+
+def run_commit(ratios, cfg=C):
+    """Feed steps with the given commit ratios; return the index of the first floor or None."""
+    s = gates.CommitState()
+    for i, r in enumerate(ratios):
+        s, floor = gates.commit_step(cfg, s, committed=1, step_s=T_AR / r, t_ar=T_AR)
+        if floor:
+            return i
+    return None
+
+
+def test_warmup_is_silent_even_at_ratio_zero():
+    cfg = gates.CommitConfig(warmup=5)
+    assert run_commit([1e-6] * 4, cfg) is None
+    assert run_commit([1e-6] * 5, cfg) == 4
+
+
+def test_streak_reaching_sustain_floors():
+    # ema: 1.45, 1.175, 1.0375, 0.96875 (streak 1), 0.934 (2), 0.917 (3) -> floor at step 5
+    assert run_commit([0.9] * 10) == 5
+
+
+def test_hard_floor_below_half_the_margin():
+    # ema 1.05, 0.575 (streak 1), 0.3375 (streak 2 < sustain, but < 0.5 * margin): floor
+    assert run_commit([0.1] * 10) == 2
+
+
+def test_a_good_step_resets_the_streak():
+    s = gates.CommitState()
+    for r in [0.9] * 4:
+        s, _ = gates.commit_step(C, s, 1, T_AR / r, T_AR)
+    assert s.streak == 1
+    s, floor = gates.commit_step(C, s, 5, T_AR, T_AR)
+    assert s.streak == 0 and not floor
+
+
+def test_zero_times_are_guarded():
+    assert math.isfinite(gates.commit_ratio(3, 0.0, 0.0, C.min_t_ar))
+    assert gates.commit_ratio(1, 1e-3, 0.0, C.min_t_ar) == pytest.approx(0.5)
+
+
+def test_sustained_two_times_slower_drafter_floors():
+    assert run_commit([0.5] * 10) is not None
+
+
+def test_ratio_around_9_6_never_floors():
+    assert run_commit([9.6, 9.3, 9.9] * 400) is None
+
+
+def test_slow_warmup_then_tau_14_does_not_floor():
+    assert run_commit([0.1, 0.1] + [14 / 1.5] * 50) is None
+
+
+def test_disabled_gates_never_fire():
+    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
+    for i in range(200):
+        assert pol.max_draft() > 0
+        pol.observe(StepStats(8, 0, 1, True, 0.1, 1.0, 0.0, i + 10, p1=0.01))
+    assert pol.floor.floors == 0
+
+
+def test_entropy_tie_floors_at_once_and_confidence_never_does():
+    s, floor = gates.entropy_step(E, gates.EntropyState(), 0.3)
+    assert floor
+    s = gates.EntropyState()
+    for _ in range(100):
+        s, floor = gates.entropy_step(E, s, 0.97)
+        assert not floor
+
+
+def test_entropy_sustained_low_confidence_floors():
+    s, f1 = gates.entropy_step(E, gates.EntropyState(), 0.7)  # ema 0.85 < 0.9: streak 1
+    s, f2 = gates.entropy_step(E, s, 0.7)  # streak 2 = sustain
+    assert (f1, f2) == (False, True)
+
+
+def plain(ctx, t=T_AR):
+    return StepStats(0, 0, 1, False, 0.0, t, 0.0, ctx)
+
+
+def spec(ctx, committed, t, p1=0.99):
+    return StepStats(8, committed - 1, committed, True, 0.0, t, 0.0, ctx, p1)
+
+
+def drive(pol, n_steps, spec_step):
+    """Run the policy for n steps; record 'A' (plain) or 'S' (speculative) per step."""
+    trace, ctx = [], 100
+    for _ in range(n_steps):
+        if pol.max_draft() == 0:
+            pol.observe(plain(ctx))
+            trace.append("A")
+        else:
+            pol.observe(spec_step(ctx))
+            trace.append("S")
+        ctx += 1
+    return "".join(trace)
+
+
+@given(
+    warmup=st.integers(0, 5),
+    sustain=st.integers(1, 5),
+    slow=st.floats(1.25, 20),
+    entropy=st.booleans(),
+    p1=st.floats(0, 1),
+)
+def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
+    warmup, sustain, slow, entropy, p1
+):
+    cfg = PolicyConfig(
+        entropy=E if entropy else None,
+        commit=gates.CommitConfig(sustain=sustain, warmup=warmup),
+        probe=gates.ProbeConfig(backoff=1000, max_backoff=1000),
+    )
+    pol = GatedPolicy(cfg)
+    trace = drive(pol, 60, lambda ctx: spec(ctx, 1, T_AR * slow, p1))
+    first_spec = trace.index("S")
+    n_spec = trace[first_spec:].index("A")  # speculative steps until the first floor
+    assert trace[:2] == "AA"  # t_ar is measured on warm plain steps first
+    # The EMA starts at 2.0 and needs 3 steps at ratio <= 0.8 to fall under the margin, so the
+    # tight bound is max(warmup, sustain + 2): within warmup + sustain + 1 whenever warmup >= 1
+    # (the default is 2).
+    assert n_spec <= max(warmup, sustain + 2)
+    if warmup >= 1:
+        assert n_spec <= warmup + sustain + 1
+
+
+@given(backoff=st.integers(1, 8), growth=st.floats(1, 3), cap=st.integers(8, 40))
+def test_probes_follow_the_backoff_schedule(backoff, growth, cap):
+    probe = gates.ProbeConfig(backoff=backoff, growth=growth, max_backoff=cap, probe_len=6)
+    pol = GatedPolicy(
+        PolicyConfig(entropy=None, commit=gates.CommitConfig(), probe=probe, t_ar_refresh=1e6)
+    )
+    trace = drive(pol, 600, lambda ctx: spec(ctx, 1, T_AR * 4))  # always losing
+    runs = [len(r) for r in trace.strip("A").split("S") if r][:6]  # plain runs between probes
+    want, b = [], backoff
+    for _ in runs:
+        want.append(b)
+        b = min(int(max(b, backoff) * growth), cap)
+    assert runs == want
+    assert pol.floor.probes_lost == pol.floor.floors - 1
+
+
+def test_a_winning_probe_resets_the_backoff():
+    probe = gates.ProbeConfig(backoff=2, growth=2, max_backoff=64, probe_len=3)
+    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    drive(pol, 40, lambda ctx: spec(ctx, 1, T_AR * 4))
+    assert pol.floor.backoff > 2
+    drive(pol, 200, lambda ctx: spec(ctx, 6, T_AR * 1.5))  # now speculation wins
+    assert pol.floor.probes_won >= 1 and pol.floor.backoff == 2 and not pol.floor.floored
+
+
+def test_t_ar_is_remeasured_as_the_context_grows():
+    pol = GatedPolicy(PolicyConfig(entropy=None, t_ar_refresh=0.25))
+    trace = drive(pol, 400, lambda ctx: spec(ctx, 4, T_AR * 1.5))
+    assert trace.startswith("AAS") and trace.count("A") >= 4  # 100 -> 500 tokens: re-measured
+    assert pol.floor.floors == 0
+
+
+@pytest.mark.parametrize(
+    "env, match",
+    [
+        ({"ADASPEC_GATE": "maybe"}, "ADASPEC_GATE='maybe' is invalid.*both, entropy, commit, off"),
+        ({"ADASPEC_GATE_TIE_P1": "0.95"}, "TIE_P1=0.95 is larger than ADASPEC_GATE_AR_P1=0.9"),
+        ({"ADASPEC_GATE_MARGIN": "-1"}, "ADASPEC_GATE_MARGIN='-1' is invalid"),
+        ({"ADASPEC_GATE_WARMUP": "two"}, "ADASPEC_GATE_WARMUP='two' is invalid"),
+        ({"ADASPEC_PROBE_BACKOFF": "500"}, "PROBE_BACKOFF=500 is larger"),
+        ({"ADASPEC_GATE_EMA_WEIGHT": "0"}, "ADASPEC_GATE_EMA_WEIGHT='0' is invalid"),
+    ],
+)
+def test_bad_gate_settings_are_rejected(env, match):
+    with pytest.raises(SettingsError, match=match):
+        from_env(env)
+
+
+def test_settings_map_onto_the_policy():
+    cfg = PolicyConfig.from_settings(
+        from_env({"ADASPEC_GATE": "commit", "ADASPEC_GATE_MARGIN": "1.2"})
+    )
+    assert cfg.entropy is None and cfg.commit.margin == 1.2
