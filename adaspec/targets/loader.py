@@ -1,0 +1,195 @@
+"""Load a model by mlx-lm folder / Hugging Face id, GGUF file or catalogue name.
+
+GGUF files are converted once into a verified cache entry (`<ADASPEC_CACHE>/models/<key>/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelLoadError
+from ..settings import Settings
+from ..settings import get as get_settings
+from . import catalogue
+
+log = logging.getLogger(__name__)
+
+# Bump when the conversion output changes, so old cache entries are not reused.
+CONVERTER_VERSION = 1
+MANIFEST = "adaspec-manifest.json"
+DEFAULT_DTYPE = "float32"  # bf16/fp16 matmuls skip BLAS on CPU
+
+
+def load(
+    path_or_name: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    settings: Settings | None = None,
+) -> tuple[Any, Any]:
+    """(model, TokenizerWrapper) for an mlx-lm folder / HF id, a .gguf file or a catalogue name."""
+    import mlx_lm
+
+    settings = settings or get_settings()
+    target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
+    model, tokenizer = mlx_lm.load(target)
+    if dtype is not None and not from_gguf:
+        import mlx.core as mx
+
+        from .gguf import check_dtype
+
+        model.set_dtype(getattr(mx, check_dtype(dtype)))
+    return model, tokenizer
+
+
+def resolve(
+    path_or_name: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    settings: Settings | None = None,
+    progress: bool = True,
+) -> tuple[str, bool]:
+    """(what to pass to mlx_lm.load, whether it is a GGUF conversion); converts if needed."""
+    settings = settings or get_settings()
+    name = os.fspath(path_or_name)
+    if name in catalogue.ENTRIES:
+        src = catalogue.require(name, settings)
+        sha = catalogue.entry(name).sha256
+        return str(
+            converted(src, dtype=dtype, settings=settings, sha256=sha, progress=progress)
+        ), True
+    p = Path(name).expanduser()
+    if p.suffix.lower() == ".gguf" or (p.is_file() and _is_gguf(p)):
+        return str(converted(p, dtype=dtype, settings=settings, progress=progress)), True
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"{name!r} is a folder without config.json, not an mlx-lm model")
+        return str(p), False
+    if p.exists():
+        raise ModelLoadError(f"{name!r} is neither a GGUF file nor an mlx-lm model folder")
+    if _looks_like_hf_id(name):
+        return name, False
+    raise ModelLoadError(
+        f"model {name!r} not found; accepted: an existing .gguf file or mlx-lm folder, a Hugging "
+        f"Face id (org/name), or a catalogue name ({', '.join(catalogue.ENTRIES)})"
+    )
+
+
+def _is_gguf(p: Path) -> bool:
+    from .gguf import MAGIC
+
+    with open(p, "rb") as f:
+        return f.read(4) == MAGIC
+
+
+def _looks_like_hf_id(name: str) -> bool:
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~"))
+
+
+def cache_key(src: Path, dtype: str, sha256: str | None = None) -> str:
+    """Entry name: file stem, dtype and a hash of the file's identity (content hash if known)."""
+    if sha256 is None:
+        st = src.stat()
+        sha256 = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    ident = hashlib.sha256(f"{sha256}|{dtype}|v{CONVERTER_VERSION}".encode()).hexdigest()[:16]
+    return f"{src.stem}-{dtype}-{ident}"
+
+
+def converted(
+    src: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    settings: Settings | None = None,
+    sha256: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """The cache folder holding GGUF `src` converted to `dtype`, building it if absent or bad."""
+    from .gguf import check_dtype, check_file
+
+    dtype = check_dtype(dtype or DEFAULT_DTYPE)
+    src = Path(src).expanduser()
+    check_file(src)  # missing / not GGUF: fail before touching the cache
+    root = (settings or get_settings()).cache / "models"
+    entry = root / cache_key(src, dtype, sha256)
+    problem = verify_entry(entry)
+    if problem is None:
+        log.info("using cached conversion %s", entry)
+        return entry
+    if entry.exists():
+        log.warning("cache entry %s is unusable (%s); rebuilding it", entry, problem)
+    if sha256 is not None:
+        _check_sha256(src, sha256)
+    return _build(src, entry, dtype, progress)
+
+
+def _check_sha256(src: Path, expected: str) -> None:
+    got = catalogue.sha256_file(src)
+    if got != expected:
+        raise ModelLoadError(f"{src} has sha256 {got}, expected {expected}; the file is corrupt")
+
+
+def _build(src: Path, entry: Path, dtype: str, progress: bool) -> Path:
+    from .gguf import convert
+
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    try:
+        convert(src, tmp, dtype=dtype, progress=progress)
+        _write_manifest(tmp, src, dtype)
+        if entry.exists():
+            shutil.rmtree(entry)
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            # Another process finished the same entry first; use theirs if it is sound.
+            if verify_entry(entry) is not None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("converted %s into %s", src, entry)
+    return entry
+
+
+def _write_manifest(folder: Path, src: Path, dtype: str) -> None:
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": catalogue.sha256_file(p)}
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
+    manifest = {
+        "converter_version": CONVERTER_VERSION,
+        "source": str(src.resolve()),
+        "dtype": dtype,
+        "files": files,
+    }
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def verify_entry(entry: Path) -> str | None:
+    """None if cache entry `entry` is complete and matches its manifest, else the problem."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return "no manifest" if entry.exists() else "absent"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable manifest: {exc}"
+    if manifest.get("converter_version") != CONVERTER_VERSION:
+        return "made by another converter version"
+    for name, want in files.items():
+        p = entry / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != want["size"]:
+            return f"{name} is {p.stat().st_size} bytes, manifest says {want['size']}"
+    for name, want in files.items():
+        if catalogue.sha256_file(entry / name) != want["sha256"]:
+            return f"{name} does not match its sha256"
+    return None
