@@ -1,0 +1,150 @@
+"""`adaspec doctor`: what this machine gives a speculative decoder (BLAS, GFLOP/s, verify cost).
+
+The verify-cost ratio (16-token forward / 1-token forward) bounds every speedup (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from .settings import Settings
+from .settings import get as get_settings
+
+CONTEXT = 32  # short context for the forward timings
+VERIFY_TOKENS = 16
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+def _median_seconds(fn: Any, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def gflops(n: int = 1024, repeats: int = 10) -> float:
+    """Measured fp32 matmul throughput: n x n @ n x n, median of `repeats`."""
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n), dtype=mx.float32)
+    b = mx.random.normal((n, n), dtype=mx.float32)
+    mx.eval(a, b)
+    seconds = _median_seconds(lambda: mx.eval(a @ b), repeats)
+    return 2 * n**3 / seconds / 1e9
+
+
+def forward_times(model: Any, repeats: int = 7, context: int = CONTEXT) -> dict[str, float]:
+    """Warm median seconds of a 1-token and a 16-token forward after `context` cached tokens."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+    vocab = model.args.vocab_size if hasattr(model, "args") else 1000
+    tokens = mx.arange(context + VERIFY_TOKENS)[None] % min(vocab, 1000) + 10
+    cache = make_prompt_cache(model)
+    mx.eval(model(tokens[:, :context], cache=cache))
+
+    def step(n: int) -> Any:
+        if can_trim_prompt_cache(cache):
+
+            def run() -> None:
+                mx.eval(model(tokens[:, context : context + n], cache=cache))
+                trim_prompt_cache(cache, n)
+        else:  # recurrent layers cannot be trimmed: time on a fresh copy each call
+
+            def run() -> None:
+                fresh = make_prompt_cache(model)
+                mx.eval(model(tokens[:, :context], cache=fresh))
+                mx.eval(model(tokens[:, context : context + n], cache=fresh))
+
+        return run
+
+    t1 = _median_seconds(step(1), repeats)
+    tk = _median_seconds(step(VERIFY_TOKENS), repeats)
+    return {
+        "context": context,
+        "forward_1_ms": t1 * 1e3,
+        f"forward_{VERIFY_TOKENS}_ms": tk * 1e3,
+        "verify_cost_ratio": tk / t1,
+    }
+
+
+def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
+    from .targets.loader import load
+
+    t = time.perf_counter()
+    model, _ = load(name, settings=settings)
+    load_s = time.perf_counter() - t
+    return {"name": name, "load_s": load_s, **forward_times(model, repeats=repeats)}
+
+
+def collect(
+    model: str | None = None, *, settings: Settings | None = None, repeats: int = 7
+) -> dict[str, Any]:
+    """Platform, versions, device, BLAS, fp32 GFLOP/s, settings and (with `model`) timings."""
+    from .kernels import blas
+
+    settings = settings or get_settings()
+    status = blas.ensure()
+    import mlx.core as mx
+
+    report: dict[str, Any] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "adaspec": _version("adaspec"),
+        "mlx": _version("mlx"),
+        "mlx_lm": _version("mlx-lm"),
+        "device": str(mx.default_device()),
+        "blas": {**asdict(status), "fast": status.fast},
+        "gflops_fp32": gflops(),
+        "settings": settings.as_env(),
+    }
+    if model is not None:
+        report["model"] = _model_report(model, settings, repeats)
+    return report
+
+
+def format_report(d: dict[str, Any]) -> str:
+    """A human-readable rendering of `collect`'s result."""
+    blas = d["blas"]
+    lines = [
+        f"platform      {d['platform']} ({d['machine']}, {d['cpu_count']} cpus)",
+        f"python        {d['python']}",
+        f"versions      adaspec {d['adaspec']}, mlx {d['mlx']}, mlx-lm {d['mlx_lm']}",
+        f"device        {d['device']}",
+        f"BLAS          {blas['kind']} {blas['library'] or ''}".rstrip(),
+        f"fp32 matmul   {d['gflops_fp32']:.1f} GFLOP/s (1024x1024)",
+    ]
+    if blas.get("warning"):
+        lines.append(f"  warning: {blas['warning']}")
+    if "model" in d:
+        m = d["model"]
+        k = VERIFY_TOKENS
+        lines += [
+            f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
+            f"forward       1 token {m['forward_1_ms']:.1f} ms, {k} tokens "
+            f"{m[f'forward_{k}_ms']:.1f} ms at context {m['context']}",
+            f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
+            f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
+        ]
+    lines.append("settings")
+    lines += [f"  {k}={v}" for k, v in d["settings"].items()]
+    return "\n".join(lines)

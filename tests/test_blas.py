@@ -1,0 +1,133 @@
+"""The BLAS loader, simulated: which library it picks, when it warns, and when it does nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from adaspec.kernels import blas
+
+MKL = "/env/lib/libmkl_rt.so.3"
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+
+
+def run(requested="auto", *, mkl=MKL, openblas=OPENBLAS, modules=(), platform="linux",
+        already=None, broken=()):  # fmt: skip
+    loaded = []
+
+    def loader(path):
+        if path in broken:
+            raise OSError(f"cannot open {path}")
+        loaded.append(path)
+
+    status = blas.setup(
+        requested,
+        platform=platform,
+        modules=modules,
+        finders={"mkl": lambda: mkl, "openblas": lambda: openblas},
+        loader=loader,
+        already_loaded=lambda: already,
+    )
+    return status, loaded
+
+
+def test_auto_prefers_mkl():
+    status, loaded = run()
+    assert (status.kind, status.library, loaded) == ("mkl", MKL, [MKL])
+    assert status.fast and status.warning is None
+
+
+def test_auto_falls_back_to_openblas():
+    status, loaded = run(mkl=None)
+    assert (status.kind, loaded) == ("openblas", [OPENBLAS])
+    assert status.warning is None
+
+
+def test_auto_skips_a_library_that_fails_to_load():
+    status, loaded = run(broken=(MKL,))
+    assert (status.kind, loaded) == ("openblas", [OPENBLAS])
+
+
+def test_warns_when_no_fast_blas_exists():
+    status, loaded = run(mkl=None, openblas=None)
+    assert status.kind == "reference" and not status.fast and loaded == []
+    assert "no optimized BLAS" in status.warning and "pip install mkl" in status.warning
+
+
+def test_warns_with_the_failure_when_every_candidate_breaks():
+    status, _ = run(broken=(MKL, OPENBLAS))
+    assert status.kind == "reference" and "cannot open" in status.warning
+
+
+def test_explicit_choice_is_honoured():
+    status, loaded = run("openblas")
+    assert (status.kind, loaded) == ("openblas", [OPENBLAS])
+    status, loaded = run("mkl", mkl=None)
+    assert status.kind == "reference" and loaded == [] and "ADASPEC_BLAS=mkl" in status.warning
+
+
+def test_custom_path():
+    status, loaded = run("/opt/blas/libcustom.so")
+    assert (status.kind, loaded) == ("custom", ["/opt/blas/libcustom.so"])
+    status, _ = run("/opt/blas/libcustom.so", broken=("/opt/blas/libcustom.so",))
+    assert status.kind == "reference" and "could not be loaded" in status.warning
+
+
+def test_off_disables_everything():
+    status, loaded = run("off")
+    assert (status.kind, loaded, status.warning) == ("off", [], None)
+
+
+@pytest.mark.parametrize("platform", ["darwin", "win32"])
+def test_no_effect_off_linux(platform):
+    status, loaded = run(platform=platform, modules=("mlx.core",))
+    assert (status.kind, loaded, status.warning) == ("system", [], None)
+
+
+def test_warns_when_mlx_was_imported_first():
+    status, loaded = run(modules=("mlx.core",))
+    assert status.kind == "reference" and loaded == []
+    assert "imported before adaspec" in status.warning
+
+
+def test_already_loaded_library_is_reported_not_reloaded():
+    status, loaded = run(modules=("mlx.core",), already="/x/libopenblas.so.0")
+    assert (status.kind, status.library, loaded) == ("openblas", "/x/libopenblas.so.0", [])
+
+
+def test_loaded_fast_blas_reads_the_process_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n"
+        f"7f02-7f03 r-xp 00000000 08:01 2 {MKL}\n"
+    )
+    assert blas.loaded_fast_blas(str(maps)) == MKL
+    maps.write_text("7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/libc.so.6\n")
+    assert blas.loaded_fast_blas(str(maps)) is None
+    assert blas.loaded_fast_blas(str(tmp_path / "absent")) is None
+
+
+def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ADASPEC_")}
+    return subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        capture_output=True, text=True, check=True, env={**environ, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BLAS loading is Linux-only")
+def test_real_process_mlx_first_warns_once():
+    out = _fresh("import mlx.core, adaspec; print(adaspec._blas.status().kind)")
+    assert out.stdout.strip() in ("reference", "mkl", "openblas")
+    if out.stdout.strip() == "reference":
+        assert out.stderr.count("imported before adaspec") == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BLAS loading is Linux-only")
+def test_real_process_off():
+    out = _fresh("import adaspec; print(adaspec._blas.status().kind)", ADASPEC_BLAS="off")
+    assert out.stdout.strip() == "off" and "RuntimeWarning" not in out.stderr

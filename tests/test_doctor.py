@@ -1,0 +1,84 @@
+"""`adaspec doctor` and `adaspec models` on the command line, and the doctor's report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from gguf_fixtures import write_tiny_gguf
+
+import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
+from adaspec import doctor
+from adaspec.cli import main
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    from adaspec import settings
+
+    monkeypatch.setenv("ADASPEC_CACHE", str(tmp_path / "cache"))
+    settings.get.cache_clear()
+    yield tmp_path / "cache"
+    settings.get.cache_clear()
+
+
+def test_collect_without_model():
+    d = doctor.collect()
+    assert d["mlx"] and d["mlx_lm"] and d["python"] and d["platform"]
+    assert d["device"].lower().startswith("device(")
+    assert d["blas"]["kind"] in ("mkl", "openblas", "custom", "reference", "system", "off")
+    assert d["gflops_fp32"] > 0
+    assert "ADASPEC_BLAS" in d["settings"] and "ADASPEC_CACHE" in d["settings"]
+    text = doctor.format_report(d)
+    assert "GFLOP/s" in text and "BLAS" in text and "model" not in text
+    json.dumps(d)  # machine-readable as is
+
+
+def test_collect_with_a_model(tmp_path, cache):
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", "Q8_0")
+    d = doctor.collect(str(tiny.path), repeats=3)
+    m = d["model"]
+    assert m["load_s"] > 0 and m["forward_1_ms"] > 0 and m["forward_16_ms"] > 0
+    assert m["verify_cost_ratio"] == pytest.approx(m["forward_16_ms"] / m["forward_1_ms"])
+    text = doctor.format_report(d)
+    assert "verify cost" in text and "16 tokens" in text
+
+
+def test_forward_times_leave_the_cache_usable(tmp_path, cache):
+    from adaspec.targets.loader import load
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", "F16")
+    model, _ = load(tiny.path)
+    t = doctor.forward_times(model, repeats=2, context=8)
+    assert t["context"] == 8 and t["verify_cost_ratio"] > 0
+
+
+def test_cli_doctor_json(capsys):
+    assert main(["doctor", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["gflops_fp32"] > 0 and "model" not in d
+
+
+def test_cli_doctor_human_with_model(tmp_path, cache, capsys):
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen3", "F32")
+    assert main(["doctor", "--model", str(tiny.path)]) == 0
+    out = capsys.readouterr().out
+    assert "verify cost" in out and "fp32 matmul" in out
+
+
+def test_cli_doctor_bad_model_is_a_clean_error(tmp_path, capsys):
+    assert main(["doctor", "--model", str(tmp_path / "nope.gguf")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_models_list(cache, capsys):
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in out
+    assert "(default)" in out
+
+
+def test_cli_models_fetch_unknown(capsys):
+    assert main(["models", "fetch", "nope"]) == 2
+    assert "unknown catalogue model 'nope'" in capsys.readouterr().err
