@@ -191,6 +191,7 @@ class Decoder:
             t3 - t2,
             len(self.committed),
             p1,
+            budget <= 0,
         )
         self.stats.record(s)
         self.policy.observe(s)

@@ -19,6 +19,7 @@ class StepStats:
     rollback_s: float
     context: int = 0  # committed sequence length after the step
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
+    floored: bool = False  # the policy allowed no draft (floor, or a t_ar measurement step)
 
     @property
     def total_s(self) -> float:
@@ -33,6 +34,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     steps: int = 0
     spec_steps: int = 0
+    floored_steps: int = 0
     drafted: int = 0
     accepted: int = 0
     committed: int = 0
@@ -51,6 +53,7 @@ class GenerationStats:
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.rollback_s += s.rollback_s
+        self.floored_steps += s.floored
         if not s.speculative:
             return
         self.spec_steps += 1
@@ -75,7 +78,12 @@ class GenerationStats:
 
     @property
     def floored_fraction(self) -> float:
-        """Share of steps decoded plainly (no draft), by the policy or an empty draft."""
+        """Share of steps the policy decoded plainly (floors and t_ar measurements)."""
+        return self.floored_steps / self.steps if self.steps else 0.0
+
+    @property
+    def plain_fraction(self) -> float:
+        """Share of steps with no draft: floored, or the drafter had nothing to propose."""
         return 1.0 - self.spec_steps / self.steps if self.steps else 0.0
 
     @property
@@ -92,6 +100,7 @@ class GenerationStats:
             "tau": round(self.tau, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "floored_fraction": round(self.floored_fraction, 4),
+            "plain_fraction": round(self.plain_fraction, 4),
             "acceptance_by_position": [round(a, 4) for a in self.acceptance_by_position],
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
