@@ -60,6 +60,11 @@ def test_gguf_is_converted_once_and_reused(tiny_gguf, settings, count_conversion
     assert tok.encode("hello") == tok.encode("hello")
     # No temporary directories are left behind.
     assert [p.name for p in (settings.cache / "models").iterdir()] == [entry.name]
+    no_weights = settings.cache / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((entry / "config.json").read_text())
+    with pytest.raises(ModelLoadError, match="mlx_lm could not load"):
+        loader.load(no_weights, settings=settings)
 
 
 @pytest.mark.parametrize(
@@ -89,12 +94,21 @@ def test_corrupt_entry_is_rebuilt_not_loaded(tiny_gguf, settings, count_conversi
     assert loader.verify_entry(entry) is None
 
 
-def test_leftover_temp_dir_is_ignored(tiny_gguf, settings, count_conversions):
-    stale = settings.cache / "models" / ".tiny-float32-xyz.partial"
-    stale.mkdir(parents=True)
-    (stale / "model.safetensors").write_bytes(b"half")
+def test_temp_dirs_of_dead_conversions_are_removed(tiny_gguf, settings, count_conversions):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    key = loader.cache_key(tiny_gguf.path, "float32")
+    models = settings.cache / "models"
+    stale, live = models / f".{key}.{dead}.abc", models / f".{key}.{os.getpid()}.abc"
+    for d in (stale, live):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"half")
     loader.load(tiny_gguf.path, settings=settings)
     assert len(count_conversions) == 1
+    assert not stale.exists() and live.exists()
 
 
 def test_dtype_is_part_of_the_key(tiny_gguf, settings, count_conversions):

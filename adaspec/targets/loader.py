@@ -38,7 +38,10 @@ def load(
 
     settings = settings or get_settings()
     target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
-    model, tokenizer = mlx_lm.load(target)
+    try:
+        model, tokenizer = mlx_lm.load(target)
+    except Exception as exc:  # hub, missing weights, unknown model_type: one error type
+        raise ModelLoadError(f"mlx_lm could not load {target!r}: {exc}") from exc
     if dtype is not None and not from_gguf:
         import mlx.core as mx
 
@@ -139,22 +142,31 @@ def _build(src: Path, entry: Path, dtype: str, progress: bool) -> Path:
     from .gguf import convert
 
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.", dir=entry.parent))
+    _remove_stale_temps(entry)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.{os.getpid()}.", dir=entry.parent))
     try:
         convert(src, tmp, dtype=dtype, progress=progress)
         _write_manifest(tmp, src, dtype)
-        if entry.exists():
-            shutil.rmtree(entry)
-        try:
+        # Another process may have finished the same entry meanwhile: keep theirs.
+        if verify_entry(entry) is not None:
+            shutil.rmtree(entry, ignore_errors=True)
             os.rename(tmp, entry)
-        except OSError:
-            # Another process finished the same entry first; use theirs if it is sound.
-            if verify_entry(entry) is not None:
-                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("converted %s into %s", src, entry)
     return entry
+
+
+def _remove_stale_temps(entry: Path) -> None:
+    """Delete temp dirs of conversions whose process died (they hold up to GBs)."""
+    for tmp in entry.parent.glob(f".{entry.name}.*"):
+        pid = tmp.name[len(entry.name) + 2 :].split(".", 1)[0]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
 
 
 def _write_manifest(folder: Path, src: Path, dtype: str) -> None:
