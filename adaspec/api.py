@@ -14,7 +14,6 @@ from . import settings as settings_mod
 from .drafters.base import DraftModel
 from .errors import DrafterMismatchError, GenerationArgumentError
 from .policy.controller import (
-    AlwaysSpeculate,
     DecodeConfig,
     Decoder,
     NeverSpeculate,
@@ -85,11 +84,10 @@ def resolve_drafter(
 
 
 def default_policy(drafter: DraftModel | None, settings: settings_mod.Settings) -> SpecPolicy:
-    """Gated (per ADASPEC_GATE) when there is a drafter; plain AR otherwise."""
+    """Gated (per ADASPEC_GATE; "off" never floors) with adaptive draft length when there is a
+    drafter; plain AR otherwise."""
     if drafter is None:
         return NeverSpeculate()
-    if settings.gate == "off":
-        return AlwaysSpeculate()
     from .policy.adaptive import GatedPolicy, PolicyConfig
 
     return GatedPolicy(PolicyConfig.from_settings(settings))

@@ -56,6 +56,10 @@ class Settings(BaseModel):
     probe_growth: float = Field(2.0, ge=1, le=100)
     probe_max_backoff: int = Field(256, ge=1, le=1 << 20)
     probe_len: int = Field(6, ge=1, le=1000)
+    # Draft length: adaptive (maximize expected tokens per second) within [min, max]
+    draft_adaptive: bool = True
+    draft_min: int = Field(1, ge=1, le=256)
+    draft_max: int = Field(16, ge=1, le=256)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
 
@@ -82,6 +86,11 @@ class Settings(BaseModel):
             raise SettingsError(
                 f"ADASPEC_GATE_TIE_P1={self.gate_tie_p1} is larger than ADASPEC_GATE_AR_P1="
                 f"{self.gate_ar_p1}; accepted: tie_p1 <= ar_p1"
+            )
+        if self.draft_min > self.draft_max:
+            raise SettingsError(
+                f"ADASPEC_DRAFT_MIN={self.draft_min} is larger than ADASPEC_DRAFT_MAX="
+                f"{self.draft_max}; accepted: min <= max"
             )
         if self.probe_backoff > self.probe_max_backoff:
             raise SettingsError(

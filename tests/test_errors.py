@@ -70,7 +70,7 @@ def test_vocabulary_mismatch(tiny, tokenizer):
     "tokens, match",
     [
         ((1, VOCAB + 3), "outside the target's vocabulary"),
-        ((1,) * 100, "proposed 100 tokens; at most 64"),
+        ((1,) * 100, "proposed 100 tokens; at most 16 allowed"),
     ],
 )
 def test_illegal_drafts_are_refused_before_anything_is_emitted(tiny, tokenizer, tokens, match):

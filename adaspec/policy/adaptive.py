@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..settings import Settings
-from . import gates
+from . import draft_length, gates
 from .stats import StepStats
 
 UNLIMITED = 1 << 30
@@ -19,6 +19,8 @@ class PolicyConfig:
     commit: gates.CommitConfig | None = field(default_factory=gates.CommitConfig)
     probe: gates.ProbeConfig = field(default_factory=gates.ProbeConfig)
     t_ar_refresh: float = 0.25
+    # None: no length cap from the policy (the drafter proposes what it likes)
+    length: draft_length.LengthConfig | None = field(default_factory=draft_length.LengthConfig)
 
     @classmethod
     def from_settings(cls, s: Settings) -> PolicyConfig:
@@ -33,11 +35,15 @@ class PolicyConfig:
             s.gate_min_t_ar_ms / 1000,
         )
         probe = gates.ProbeConfig(s.probe_backoff, s.probe_growth, s.probe_max_backoff, s.probe_len)
+        length = draft_length.LengthConfig(s.draft_min, s.draft_max)
+        if not s.draft_adaptive:
+            length = draft_length.LengthConfig(s.draft_max, s.draft_max)
         return cls(
             entropy if s.gate in ("both", "entropy") else None,
             commit if s.gate in ("both", "commit") else None,
             probe,
             s.gate_t_ar_refresh,
+            length,
         )
 
 
@@ -71,6 +77,7 @@ class GatedPolicy:
         self.clock = ArClock()
         self.context = 0
         self.measure_steps = 0
+        self.length = draft_length.LengthState()
         self._reset_gates()
 
     def _reset_gates(self) -> None:
@@ -83,11 +90,17 @@ class GatedPolicy:
         if self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh):
             self.measure_steps += 1
             return 0  # one plain step to (re)measure t_ar at this context
-        return UNLIMITED
+        if self.cfg.length is None:
+            return UNLIMITED
+        return draft_length.best_k(self.cfg.length, self.length)
 
     def observe(self, step: StepStats) -> None:
         self.context = step.context
         self.clock.observe(step)
+        if self.cfg.length is not None:
+            self.length = draft_length.observe(
+                self.cfg.length, self.length, step.drafted, step.accepted, step.total_s
+            )
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
             return

@@ -1,0 +1,88 @@
+"""Adaptive draft length: pick k to maximize expected committed tokens per second, from the
+observed acceptance at each draft position and the measured cost of steps that drafted k.
+
+Pure: state + observation in, state out; times are passed in by the controller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class LengthConfig:
+    min_k: int = 1
+    max_k: int = 16
+    weight: float = 0.3  # EMA weight of the newest observation
+    prior_accept: float = 0.6  # acceptance assumed before any position was judged
+    prior_slope: float = 0.08  # extra cost per drafted token, as a fraction of a plain step,
+    # assumed until two different draft lengths have been timed
+
+
+@dataclass(frozen=True)
+class LengthState:
+    accept: tuple[float, ...] = ()  # accept[i]: P(position i accepted | positions < i were)
+    cost: tuple[float, ...] = ()  # cost[k]: EMA seconds of a step that drafted k (nan: unseen)
+
+
+def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
+    """Tokens a step drafting k commits on average: 1 (bonus) + sum of P(first i accepted).
+    Positions never reached yet are assumed to behave like the deepest one seen (or `prior`)."""
+    total, run = 1.0, 1.0
+    beyond = accept[-1] if accept else prior
+    for i in range(k):
+        run *= accept[i] if i < len(accept) else beyond
+        total += run
+    return total
+
+
+def step_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
+    """Seconds of a step drafting k: measured if seen, else a least-squares line a + b*k over
+    the lengths seen (b >= 0), or the plain-step time grown by the prior slope."""
+    if k < len(cost) and not math.isnan(cost[k]):
+        return cost[k]
+    pts = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
+    if not pts:
+        return None
+    if len(pts) == 1:
+        i, c = pts[0]
+        base = c / (1 + prior_slope * i)
+        return base * (1 + prior_slope * k)
+    n = len(pts)
+    mx_ = sum(i for i, _ in pts) / n
+    my = sum(c for _, c in pts) / n
+    var = sum((i - mx_) ** 2 for i, _ in pts)
+    b = max(sum((i - mx_) * (c - my) for i, c in pts) / var, 0.0)
+    return max(my + b * (k - mx_), 1e-9)
+
+
+def best_k(cfg: LengthConfig, s: LengthState) -> int:
+    """The draft length in [min_k, max_k] with the most expected tokens per second."""
+    best, best_rate = cfg.max_k, -1.0
+    for k in range(cfg.min_k, cfg.max_k + 1):
+        c = step_cost(s.cost, k, cfg.prior_slope)
+        if c is None:
+            return cfg.max_k  # nothing timed yet: start long and learn
+        rate = expected_tokens(s.accept, k, cfg.prior_accept) / c
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+def _ema(old: float, new: float, w: float) -> float:
+    return new if math.isnan(old) else (1 - w) * old + w * new
+
+
+def observe(
+    cfg: LengthConfig, s: LengthState, drafted: int, accepted: int, step_s: float
+) -> LengthState:
+    """Learn from one step: positions before `accepted` were accepted, position `accepted`
+    (if drafted) was rejected, later ones were never judged; the step's time is cost[drafted]."""
+    accept = list(s.accept) + [math.nan] * max(0, drafted - len(s.accept))
+    for i in range(min(drafted, accepted + 1)):
+        accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, cfg.weight)
+    accept = [cfg.prior_accept if math.isnan(a) else a for a in accept]
+    cost = list(s.cost) + [math.nan] * max(0, drafted + 1 - len(s.cost))
+    cost[drafted] = _ema(cost[drafted], step_s, cfg.weight)
+    return replace(s, accept=tuple(accept), cost=tuple(cost))
