@@ -94,6 +94,23 @@ def test_corrupt_entry_is_rebuilt_not_loaded(tiny_gguf, settings, count_conversi
     assert loader.verify_entry(entry) is None
 
 
+def test_untouched_files_are_trusted_touched_ones_rehashed(tiny_gguf, settings, monkeypatch):
+    entry = loader.converted(tiny_gguf.path, settings=settings, progress=False)
+    hashed = []
+    real = catalogue.sha256_file
+    monkeypatch.setattr(catalogue, "sha256_file", lambda p, *a, **k: hashed.append(p) or real(p))
+    assert loader.verify_entry(entry) is None and hashed == []  # warm path: stat only
+    weights = entry / "model.safetensors"
+    st = weights.stat()
+    with open(weights, "r+b") as f:
+        f.seek(st.st_size // 2)
+        f.write(b"\x00\x01\x02\x03")
+    assert "sha256" in loader.verify_entry(entry)  # touched: re-hashed, caught
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # a change that hides from stat
+    assert loader.verify_entry(entry) is None
+    assert "sha256" in loader.verify_entry(entry, full=True)
+
+
 def test_temp_dirs_of_dead_conversions_are_removed(tiny_gguf, settings, count_conversions):
     import subprocess
     import sys

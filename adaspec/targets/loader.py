@@ -170,11 +170,12 @@ def _remove_stale_temps(entry: Path) -> None:
 
 
 def _write_manifest(folder: Path, src: Path, dtype: str) -> None:
-    files = {
-        p.name: {"size": p.stat().st_size, "sha256": catalogue.sha256_file(p)}
-        for p in sorted(folder.iterdir())
-        if p.is_file()
-    }
+    files = {}
+    for p in sorted(folder.iterdir()):
+        if p.is_file():
+            st = p.stat()
+            digest = catalogue.sha256_file(p)
+            files[p.name] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}
     manifest = {
         "converter_version": CONVERTER_VERSION,
         "source": str(src.resolve()),
@@ -184,8 +185,12 @@ def _write_manifest(folder: Path, src: Path, dtype: str) -> None:
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
-def verify_entry(entry: Path) -> str | None:
-    """None if cache entry `entry` is complete and matches its manifest, else the problem."""
+def verify_entry(entry: Path, *, full: bool = False) -> str | None:
+    """None if cache entry `entry` is complete and matches its manifest, else the problem.
+
+    A file whose size and mtime are as written is trusted; any file touched since (or every
+    file, with `full`) is re-hashed, so a warm load of a 6 GB entry costs a stat, not a read.
+    """
     try:
         manifest = json.loads((entry / MANIFEST).read_text())
         files = manifest["files"]
@@ -195,13 +200,17 @@ def verify_entry(entry: Path) -> str | None:
         return f"unreadable manifest: {exc}"
     if manifest.get("converter_version") != CONVERTER_VERSION:
         return "made by another converter version"
+    touched = []
     for name, want in files.items():
         p = entry / name
         if not p.is_file():
             return f"{name} is missing"
-        if p.stat().st_size != want["size"]:
-            return f"{name} is {p.stat().st_size} bytes, manifest says {want['size']}"
-    for name, want in files.items():
-        if catalogue.sha256_file(entry / name) != want["sha256"]:
+        st = p.stat()
+        if st.st_size != want["size"]:
+            return f"{name} is {st.st_size} bytes, manifest says {want['size']}"
+        if full or st.st_mtime_ns != want.get("mtime_ns"):
+            touched.append(name)
+    for name in touched:
+        if catalogue.sha256_file(entry / name) != files[name]["sha256"]:
             return f"{name} does not match its sha256"
     return None
