@@ -220,3 +220,28 @@ def test_missing_foreign_and_truncated_files(tmp_path):
 def test_bad_dtype_is_named():
     with pytest.raises(ModelLoadError, match="'int8'.*float32, float16, bfloat16"):
         g.check_dtype("int8")
+
+
+def test_bos_is_prepended_when_the_gguf_asks():
+    from adaspec.targets import gguf_tokenizer
+
+    tokens = ["<s>", *[chr(c) for c in range(33, 127)]]
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [3] + [1] * (len(tokens) - 1),
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True,
+    }
+    tk, config = gguf_tokenizer.build(meta, 64)
+    assert tk.encode("ab").ids == [0, tokens.index("a"), tokens.index("b")]
+    assert config["add_bos_token"] is True and config["bos_token"] == "<s>"
+    tk, config = gguf_tokenizer.build({**meta, "tokenizer.ggml.add_bos_token": False}, 64)
+    assert tk.encode("ab").ids == [tokens.index("a"), tokens.index("b")]
+
+
+def test_unsupported_tokenizer_model_is_named():
+    from adaspec.targets import gguf_tokenizer
+
+    with pytest.raises(ModelLoadError, match="'llama'.*accepted: 'gpt2'"):
+        gguf_tokenizer.build({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": []}, 8)

@@ -161,7 +161,7 @@ def _done_parts(e: Entry, settings: Settings | None) -> builtins.list[int]:
     return [i for i in range(1, e.parts + 1) if (d / f"part{i:02d}.bin").is_file()]
 
 
-def list(settings: Settings | None = None) -> builtins.list[ModelStatus]:  # noqa: A001
+def list(settings: Settings | None = None) -> builtins.list[ModelStatus]:
     """Every catalogue model with its size and whether it is on disk."""
     rows = []
     for e in ENTRIES.values():

@@ -62,6 +62,30 @@ def eos_ids(meta: dict[str, Any]) -> list[int]:
     return sorted(set(ids))
 
 
+def _special(meta: dict[str, Any], key: str) -> str | None:
+    """Text of the `key` (bos, eos, unknown, padding) token, if the GGUF names one."""
+    tokens = meta["tokenizer.ggml.tokens"]
+    i = meta.get(f"tokenizer.ggml.{key}_token_id")
+    return tokens[i] if i is not None and 0 <= i < len(tokens) else None
+
+
+def _config(meta: dict[str, Any], add_bos: bool, context_length: int) -> dict[str, Any]:
+    """tokenizer_config.json: special tokens, BOS policy and the chat template."""
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": _special(meta, "bos"),
+        "eos_token": _special(meta, "eos"),
+        "unk_token": _special(meta, "unknown"),
+        "pad_token": _special(meta, "padding"),
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": context_length,
+        "chat_template": meta.get("tokenizer.chat_template"),
+    }
+    return {k: v for k, v in config.items() if v is not None}
+
+
 def build(meta: dict[str, Any], context_length: int) -> tuple[Any, dict[str, Any]]:
     """(tokenizers.Tokenizer, tokenizer_config dict) for GGUF metadata `meta`."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, processors
@@ -84,6 +108,8 @@ def build(meta: dict[str, Any], context_length: int) -> tuple[Any, dict[str, Any
         tk.normalizer = normalizer
     tk.pre_tokenizer = pre
     tk.decoder = decoders.ByteLevel()
+    # Control tokens are special (skipped when decoding with skip_special_tokens); user-defined
+    # ones are plain added tokens; both are matched whole before BPE, as in llama.cpp.
     added = [
         AddedToken(tok, special=types[i] == CONTROL, normalized=False)
         for i, tok in enumerate(tokens)
@@ -91,30 +117,12 @@ def build(meta: dict[str, Any], context_length: int) -> tuple[Any, dict[str, Any
     ]
     tk.add_special_tokens([a for a in added if a.special])
     tk.add_tokens([a for a in added if not a.special])
-
-    def token(key: str) -> str | None:
-        i = meta.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if i is not None and 0 <= i < len(tokens) else None
-
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and token("bos") is not None
+    bos = _special(meta, "bos")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
     if add_bos:
-        bos = token("bos")
         tk.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
         )
     else:
         tk.post_processor = processors.ByteLevel(trim_offsets=False)
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": token("bos"),
-        "eos_token": token("eos"),
-        "unk_token": token("unknown"),
-        "pad_token": token("padding"),
-        "add_bos_token": add_bos,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": context_length,
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tk, {k: v for k, v in config.items() if v is not None}
+    return tk, _config(meta, add_bos, context_length)
