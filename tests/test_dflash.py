@@ -368,6 +368,7 @@ BAD_CONFIGS = [
     (_set_dflash(mask_token_id=999), DrafterError, r"mask_token_id=999 .*0..259"),
     (_set_dflash(block_size=1), DrafterError, "block_size=1"),
     (_set(num_key_value_heads=3), DrafterError, "divisible"),
+    (_set(num_key_value_heads=0), DrafterError, "num_key_value_heads=0 .*positive integer"),
     (_set(architectures=["DFlash2DraftModel"]), DrafterError, "'DFlash2DraftModel' is not"),
     (_pop("hidden_size"), ModelLoadError, "lacks hidden_size"),
     (_pop("dflash_config"), ModelLoadError, "lacks dflash_config.target_layer_ids"),

@@ -57,7 +57,7 @@ class DFlashConfig:
     extra: dict = field(default_factory=dict)  # other config.json keys, written back by save
 
     def __post_init__(self) -> None:
-        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // max(self.num_attention_heads, 1)
         self.target_layer_ids = tuple(int(i) for i in self.target_layer_ids)
         self.layer_types = tuple(self.layer_types) or ("full_attention",) * self.num_hidden_layers
         self._check()
@@ -66,6 +66,9 @@ class DFlashConfig:
         def bad(what: str, accepted: str) -> DrafterError:
             return DrafterError(f"DFlash config {what} is invalid; accepted: {accepted}")
 
+        for k in (*_REQUIRED[:-1], "head_dim"):
+            if getattr(self, k) <= 0:
+                raise bad(f"{k}={getattr(self, k)}", "a positive integer")
         if self.num_attention_heads % self.num_key_value_heads:
             raise bad(
                 f"num_attention_heads={self.num_attention_heads} with num_key_value_heads="
