@@ -10,6 +10,7 @@ from tiny_dflash import assert_context_matches_fresh_prefill, ctx, tiny_drafter
 
 from adaspec import settings as settings_mod
 from adaspec.drafters.auto import AutoDrafter
+from adaspec.drafters.base import DraftModel
 from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
@@ -71,6 +72,7 @@ def test_choice_follows_the_match_length():
     draft = d.draft(ctx(prompt, max_draft=4))
     assert d.last == "dflash" and draft == d.dflash.draft(ctx(prompt, max_draft=4))
     assert d.needs_taps == d.dflash.needs_taps and d.vocab_size == V
+    assert isinstance(d, DraftModel)
 
 
 @settings(max_examples=20)

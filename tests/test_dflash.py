@@ -25,6 +25,7 @@ from tiny_dflash import (
 
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash
+from adaspec.drafters.base import DraftModel
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError, DrafterMismatchError, ModelLoadError
@@ -88,6 +89,7 @@ def test_draft_length_is_block_minus_one_capped_by_budget():
     assert len(d.draft(ctx(d.tokens, max_draft=3))) == 3
     assert len(d.draft(ctx(d.tokens, max_draft=0))) == 0
     assert d.needs_taps == (0, 1) and d.vocab_size == VOCAB
+    assert isinstance(d, DraftModel)
 
 
 # ---- (b) stateful: random draft/accept/rollback programs vs a list model -------------------

@@ -17,7 +17,7 @@ from .pld import PromptLookup
 
 log = logging.getLogger(__name__)
 
-ARG_KEYS = {"min_match": int, **dflash.ARG_KEYS}
+ARG_KEYS: dict[str, type] = {"min_match": int, **dflash.ARG_KEYS}
 
 
 class AutoDrafter:

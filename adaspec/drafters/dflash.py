@@ -24,7 +24,7 @@ from .pld import parse_kv
 
 log = logging.getLogger(__name__)
 
-ARG_KEYS = {"block": int, "window": int, "sink": int}
+ARG_KEYS: dict[str, type] = {"block": int, "window": int, "sink": int}
 _GROW = 256  # context rows allocated at a time
 
 
@@ -165,7 +165,7 @@ class DFlashDrafter:
             return Draft()
         logits = self.block_logits(k)
         if ctx.temperature <= 0:
-            return Draft(tuple(mx.argmax(logits, axis=-1).tolist()))
+            return Draft(tuple(np.array(mx.argmax(logits, axis=-1)).tolist()))
         q = np.array(mx.softmax(logits / ctx.temperature, axis=-1), dtype=np.float64)
         q /= q.sum(axis=1, keepdims=True)
         c = np.cumsum(q, axis=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -125,7 +126,7 @@ def read_checkpoint(
     weights: dict[str, mx.array] = {}
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            weights.update(cast(dict, mx.load(str(f))))
         except Exception as exc:  # mlx raises bare RuntimeError/ValueError on broken files
             raise ModelLoadError(f"cannot read DFlash weights {str(f)!r}: {exc}") from None
     check_weights(weights, cfg, repr(str(p)))
@@ -153,6 +154,7 @@ def save_model(model: DFlashModel, path: str | Path, dtype: str = "float32") -> 
     cfg = model.cfg.to_dict()
     cfg["torch_dtype"] = dtype
     (p / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())}
+    flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in flat}
     mx.save_safetensors(str(p / "model.safetensors"), weights, metadata={"format": "pt"})
     return p
