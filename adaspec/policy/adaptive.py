@@ -94,6 +94,9 @@ class GatedPolicy:
             return UNLIMITED
         return draft_length.best_k(self.cfg.length, self.length)
 
+    def plain_ahead(self) -> int:
+        return self.floor.ar_left if self.floor.floored else 0
+
     def observe(self, step: StepStats) -> None:
         self.context = step.context
         self.clock.observe(step)

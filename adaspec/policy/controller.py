@@ -39,6 +39,11 @@ class SpecPolicy(Protocol):
 
     def observe(self, step: StepStats) -> None: ...
 
+    def plain_ahead(self) -> int:
+        """How many of the next steps are certainly plain (no draft whatever happens), so the
+        controller may pipeline them; 0 if unknown."""
+        ...
+
     def summary(self) -> dict: ...
 
 
@@ -51,6 +56,9 @@ class AlwaysSpeculate:
     def observe(self, step: StepStats) -> None:
         pass
 
+    def plain_ahead(self) -> int:
+        return 0
+
     def summary(self) -> dict:
         return {}
 
@@ -58,6 +66,9 @@ class AlwaysSpeculate:
 class NeverSpeculate(AlwaysSpeculate):
     def max_draft(self) -> int:
         return 0
+
+    def plain_ahead(self) -> int:
+        return 1 << 30
 
 
 @dataclass(frozen=True)
@@ -209,51 +220,64 @@ class Decoder:
             self.drafter.rollback(n)
 
 
-def _pipelined_ar(decoder: Decoder) -> Iterator[TokenEvent]:
-    """Greedy AR with no drafter, pipelined as mlx-lm does: the forward for token n+1 is queued
-    (on the lazy argmax) before token n is read, hiding graph-building time."""
-    dec, target = decoder, decoder.target
+def _plain_burst(decoder: Decoder, n: int) -> Iterator[TokenEvent]:
+    """n greedy plain steps, pipelined as mlx-lm does: the forward for token i+1 is queued (on
+    the lazy argmax) before token i is read, hiding graph-building time. The drafter still sees
+    every token (with its tap features) and the policy every step."""
+    dec, target, taps = decoder, decoder.target, decoder.taps
 
-    def queue(tok: mx.array | list[int]) -> tuple[mx.array, mx.array]:
-        lp = sampling.logprobs(target.forward(tok).logits[-1])
+    def queue(tok: mx.array | list[int]) -> tuple[mx.array, mx.array, mx.array | None]:
+        fwd = target.forward(tok, taps)
+        lp = sampling.logprobs(fwd.logits[-1])
         y = mx.argmax(lp, axis=-1)
         mx.async_eval(y, lp)
-        return y, lp
+        return y, lp, fwd.features
 
-    y, lp = queue([dec.committed[-1]])
-    for n in range(dec.cfg.max_tokens):
-        t0 = time.perf_counter()
-        nxt = queue(y[None]) if n + 1 < dec.cfg.max_tokens else None
+    y, lp, feats = queue([dec.committed[-1]])
+    t0 = time.perf_counter()
+    for i in range(n):
+        nxt = queue(y[None]) if i + 1 < n else None
         tok = int(y.item())
         dec.committed.append(tok)
-        s = StepStats(0, 0, 1, False, 0.0, time.perf_counter() - t0, 0.0, len(dec.committed))
+        t1 = time.perf_counter()
+        if dec.drafter is not None:
+            dec.drafter.advance([tok], dec._ctx(features=feats))
+        t2 = time.perf_counter()
+        s = StepStats(0, 0, 1, False, 0.0, t1 - t0, t2 - t1, len(dec.committed), None, True)
         dec.stats.record(s)
+        dec.policy.observe(s)
+        t0 = t2
         yield TokenEvent(tok, lp, False, s)
         if tok in dec.cfg.eos_ids or nxt is None:
             return
-        y, lp = nxt
+        y, lp, feats = nxt
+
+
+def _pipelinable(decoder: Decoder) -> bool:
+    # a lazy token can feed the next forward only if nothing on the host must see it first
+    return decoder.cfg.sampling.greedy and not decoder.cfg.logits_processors
 
 
 def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
     """Yield tokens one at a time; if the consumer stops early, both caches are rolled back to
     exactly the tokens it has received."""
     decoder.prefill(prompt)
-    if (
-        decoder.drafter is None
-        and decoder.cfg.sampling.greedy
-        and not decoder.cfg.logits_processors
-    ):
-        try:
-            yield from _pipelined_ar(decoder)
-        finally:  # a queued forward may sit past the newest committed token
-            decoder.target.rollback(decoder.target.offset - (len(decoder.committed) - 1))
-        return
     max_tokens = decoder.cfg.max_tokens
+    pipelinable = _pipelinable(decoder)
     emitted = 0
     pending = 0  # committed in the current step but not yet received by the consumer
     try:
         while emitted < max_tokens:
-            new, from_draft, lp, s = decoder.step(max_tokens - emitted)
+            room = max_tokens - emitted
+            ahead = room if decoder.drafter is None else decoder.policy.plain_ahead()
+            if pipelinable and ahead > 1:
+                for ev in _plain_burst(decoder, min(ahead, room)):
+                    emitted += 1
+                    yield ev
+                    if ev.token in decoder.cfg.eos_ids:
+                        return
+                continue
+            new, from_draft, lp, s = decoder.step(room)
             pending = len(new)
             for j, tok in enumerate(new):
                 pending -= 1
@@ -264,3 +288,5 @@ def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
                 return
     finally:
         decoder.unwind(pending)
+        # a queued forward may sit past the newest committed token
+        decoder.target.rollback(decoder.target.offset - (len(decoder.committed) - 1))
