@@ -196,3 +196,14 @@ def test_settings_map_onto_the_policy():
         from_env({"ADASPEC_GATE": "commit", "ADASPEC_GATE_MARGIN": "1.2"})
     )
     assert cfg.entropy is None and cfg.commit.margin == 1.2
+
+
+def test_a_losing_probe_refloors_after_one_speculative_step():
+    probe = gates.ProbeConfig(backoff=3, growth=2, max_backoff=64, probe_len=4)
+    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    trace = drive(pol, 80, lambda ctx: spec(ctx, 1, T_AR * 1.5))  # ratio 0.67 < margin
+    first_floor = trace.index("A", trace.index("S"))
+    probes = trace[first_floor:].strip("A").split("A")
+    assert all(p == "S" for p in probes if p)  # every probe is a single speculative step
+    assert gates.probe_lost(gates.CommitConfig(), 1, 1.5 * T_AR, T_AR)
+    assert not gates.probe_lost(gates.CommitConfig(), 3, 1.5 * T_AR, T_AR)

@@ -112,6 +112,10 @@ class GatedPolicy:
             self.entropy, f = gates.entropy_step(self.cfg.entropy, self.entropy, step.p1)
             fire |= f
         if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
+            if self.floor.probing and self.floor.probe_steps == 0:
+                fire |= gates.probe_lost(
+                    self.cfg.commit, step.committed, step.total_s, self.clock.t_ar
+                )
             self.commit, f = gates.commit_step(
                 self.cfg.commit, self.commit, step.committed, step.total_s, self.clock.t_ar
             )

@@ -113,6 +113,12 @@ def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
     )
 
 
+def probe_lost(cfg: CommitConfig, committed: int, step_s: float, t_ar: float) -> bool:
+    """A probe is a test, not a fresh start: its first speculative step must break even
+    (commit ratio >= margin) or the probe is lost at once, without a new warm-up."""
+    return commit_ratio(committed, step_s, t_ar, cfg.min_t_ar) < cfg.margin
+
+
 def on_plain_step(s: FloorState) -> FloorState:
     """One floored plain step done; when the backoff runs out, the next steps are a probe."""
     if not s.floored:
