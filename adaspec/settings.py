@@ -56,6 +56,8 @@ class Settings(BaseModel):
     probe_growth: float = Field(2.0, ge=1, le=100)
     probe_max_backoff: int = Field(256, ge=1, le=1 << 20)
     probe_len: int = Field(6, ge=1, le=1000)
+    # while floored, a cheap drafter's strong candidate (PLD: full-length match) starts a probe
+    probe_lift: bool = True
     # Draft length: adaptive (maximize expected tokens per second) within [min, max]
     draft_adaptive: bool = True
     draft_min: int = Field(1, ge=1, le=256)

@@ -12,6 +12,7 @@ class ListDrafter:
 
     name = "scripted"
     needs_taps: tuple[int, ...] = ()
+    cheap_draft = False
     vocab_size = None
 
     def __init__(self) -> None:
@@ -31,6 +32,8 @@ class ListDrafter:
 class ScriptedDrafter(ListDrafter):
     """Follows a program of (mode, length, seed) per step; `reference` is the AR continuation
     of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place."""
+
+    cheap_draft = True  # the controller may peek while floored
 
     def __init__(self, program, reference, n_prompt: int, vocab: int):
         super().__init__()
@@ -52,7 +55,7 @@ class ScriptedDrafter(ListDrafter):
         truth = list(self.reference[done : done + k])
         truth += list(rng.integers(0, self.vocab, k - len(truth)))
         if mode == "oracle" or mode == "overlong":
-            return Draft(tuple(truth))
+            return Draft(tuple(truth), strong=True)  # may lift a floor (cheap_draft)
         if mode == "random":
             return Draft(tuple(int(x) for x in rng.integers(0, self.vocab, k)))
         if mode == "corrupt" and k:

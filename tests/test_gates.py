@@ -207,3 +207,14 @@ def test_a_losing_probe_refloors_after_one_speculative_step():
     assert all(p == "S" for p in probes if p)  # every probe is a single speculative step
     assert gates.probe_lost(gates.CommitConfig(), 1, 1.5 * T_AR, T_AR)
     assert not gates.probe_lost(gates.CommitConfig(), 3, 1.5 * T_AR, T_AR)
+
+
+def test_a_strong_candidate_lifts_the_floor_into_a_probe():
+    pol = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50)))
+    drive(pol, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
+    assert pol.floor.floored and pol.plain_ahead() > 1
+    assert pol.lift() and not pol.floor.floored and pol.floor.probing
+    assert pol.lifts == 1 and not pol.lift()  # nothing to lift when not floored
+    off = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
+    drive(off, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
+    assert not off.lift() and off.floor.floored

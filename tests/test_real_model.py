@@ -37,6 +37,7 @@ def test_pld_output_is_identical_to_mlx_lm_greedy(smollm2, i, gate):
 def test_sampling_with_a_seed_is_reproducible(smollm2):
     model, tok = smollm2
     ids = prompt_ids(tok, messages_for(PROMPTS[0]))
+
     def run():
         return adaspec.generate(
             model,
@@ -48,4 +49,5 @@ def test_sampling_with_a_seed_is_reproducible(smollm2):
             top_p=0.95,
             seed=3,
         )
+
     assert run() == run()

@@ -24,6 +24,7 @@ class AutoDrafter:
     """Both drafters see every prefill/advance/rollback, so either can draft at any step."""
 
     name = "auto"
+    cheap_draft = False  # may fall through to DFlash
 
     def __init__(self, pld: PromptLookup, dfl: dflash.DFlashDrafter, min_match: int = 2):
         if min_match < 1:

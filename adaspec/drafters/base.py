@@ -23,6 +23,7 @@ class Draft:
 
     tokens: tuple[int, ...] = ()
     probs: np.ndarray | None = None
+    strong: bool = False  # the drafter is confident (e.g. a long exact match): may lift a floor
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -68,6 +69,8 @@ class DraftModel(Protocol):
         wants in `ctx.features`; () for none.
       vocab_size: size of the vocabulary the drafter emits ids from, or None if it only copies
         ids it has seen (checked against the target's at start).
+      cheap_draft: draft() costs next to nothing, so while floored the controller may call it
+        to look for a `strong` candidate that lifts the floor early.
 
     State contract: after prefill(prompt) the drafter's committed view is the prompt; draft()
     never changes that view; advance(t) appends t; rollback(n) drops the last n (0 is a no-op).
@@ -76,6 +79,7 @@ class DraftModel(Protocol):
     name: str
     needs_taps: tuple[int, ...]
     vocab_size: int | None
+    cheap_draft: bool
 
     def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None: ...
 

@@ -82,6 +82,7 @@ class DFlashDrafter:
     """DraftModel over a DFlashModel bound to the target's embedding and output head."""
 
     name = "dflash"
+    cheap_draft = False  # a block draft runs drafter layers and the target's lm_head
 
     def __init__(
         self,

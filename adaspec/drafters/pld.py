@@ -19,6 +19,7 @@ class PromptLookup:
     name = "pld"
     needs_taps: tuple[int, ...] = ()
     vocab_size = None
+    cheap_draft = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10):
         if not 1 <= min_ngram <= max_ngram:
@@ -74,7 +75,9 @@ class PromptLookup:
             if starts:
                 s = starts[-1]
                 self.last_match = n
-                return Draft(tuple(self.tokens[s : s + k]))
+                toks = tuple(self.tokens[s : s + k])
+                # a full-length n-gram match with a real continuation is worth a probe
+                return Draft(toks, strong=n == self.max_ngram and len(toks) >= 2)
         return Draft()
 
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:

@@ -21,6 +21,7 @@ class PolicyConfig:
     t_ar_refresh: float = 0.25
     # None: no length cap from the policy (the drafter proposes what it likes)
     length: draft_length.LengthConfig | None = field(default_factory=draft_length.LengthConfig)
+    lift: bool = True  # a strong candidate may end a floor early
 
     @classmethod
     def from_settings(cls, s: Settings) -> PolicyConfig:
@@ -44,6 +45,7 @@ class PolicyConfig:
             probe,
             s.gate_t_ar_refresh,
             length,
+            s.probe_lift,
         )
 
 
@@ -77,6 +79,7 @@ class GatedPolicy:
         self.clock = ArClock()
         self.context = 0
         self.measure_steps = 0
+        self.lifts = 0
         self.length = draft_length.LengthState()
         self._reset_gates()
 
@@ -96,6 +99,13 @@ class GatedPolicy:
 
     def plain_ahead(self) -> int:
         return self.floor.ar_left if self.floor.floored else 0
+
+    def lift(self) -> bool:
+        if not (self.cfg.lift and self.floor.floored):
+            return False
+        self.floor = gates.on_lift(self.floor)
+        self.lifts += 1
+        return True
 
     def observe(self, step: StepStats) -> None:
         self.context = step.context
@@ -132,6 +142,7 @@ class GatedPolicy:
             "floors": f.floors,
             "probes_won": f.probes_won,
             "probes_lost": f.probes_lost,
+            "lifts": self.lifts,
             "measure_steps": self.measure_steps,
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),

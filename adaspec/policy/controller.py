@@ -44,6 +44,10 @@ class SpecPolicy(Protocol):
         controller may pipeline them; 0 if unknown."""
         ...
 
+    def lift(self) -> bool:
+        """A strong candidate was seen while floored: end the floor now if allowed."""
+        ...
+
     def summary(self) -> dict: ...
 
 
@@ -58,6 +62,9 @@ class AlwaysSpeculate:
 
     def plain_ahead(self) -> int:
         return 0
+
+    def lift(self) -> bool:
+        return False
 
     def summary(self) -> dict:
         return {}
@@ -210,6 +217,13 @@ class Decoder:
         from_draft = [j < verdict.outcome.accepted for j in range(len(new))]
         return new, from_draft, verdict.logprobs, s
 
+    def strong_candidate(self) -> bool:
+        """While floored: does a cheap drafter have a strong draft right now? (lifts the floor)"""
+        d = self.drafter
+        if d is None or not d.cheap_draft:
+            return False
+        return d.draft(self._ctx(max_draft=self.cfg.max_draft)).strong and self.policy.lift()
+
     def unwind(self, n: int) -> None:
         """Forget the newest n committed tokens everywhere (caller stopped mid-step)."""
         if n <= 0:
@@ -221,9 +235,10 @@ class Decoder:
 
 
 def _plain_burst(decoder: Decoder, n: int) -> Iterator[TokenEvent]:
-    """n greedy plain steps, pipelined as mlx-lm does: the forward for token i+1 is queued (on
-    the lazy argmax) before token i is read, hiding graph-building time. The drafter still sees
-    every token (with its tap features) and the policy every step."""
+    """Up to n greedy plain steps, pipelined as mlx-lm does: the forward for token i+1 is queued
+    (on the lazy argmax) before token i is read, hiding graph-building time. The drafter still
+    sees every token (with its tap features) and the policy every step; a strong candidate ends
+    the burst (its queued forward is rolled back)."""
     dec, target, taps = decoder, decoder.target, decoder.taps
 
     def queue(tok: mx.array | list[int]) -> tuple[mx.array, mx.array, mx.array | None]:
@@ -250,6 +265,9 @@ def _plain_burst(decoder: Decoder, n: int) -> Iterator[TokenEvent]:
         yield TokenEvent(tok, lp, False, s)
         if tok in dec.cfg.eos_ids or nxt is None:
             return
+        if dec.strong_candidate():
+            target.rollback(1)  # the queued forward of `tok` is fed again by the next step
+            return
         y, lp, feats = nxt
 
 
@@ -270,6 +288,8 @@ def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         while emitted < max_tokens:
             room = max_tokens - emitted
             ahead = room if decoder.drafter is None else decoder.policy.plain_ahead()
+            if ahead > 0 and decoder.strong_candidate():
+                ahead = 0
             if pipelinable and ahead > 1:
                 for ev in _plain_burst(decoder, min(ahead, room)):
                     emitted += 1

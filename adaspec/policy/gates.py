@@ -119,6 +119,11 @@ def probe_lost(cfg: CommitConfig, committed: int, step_s: float, t_ar: float) ->
     return commit_ratio(committed, step_s, t_ar, cfg.min_t_ar) < cfg.margin
 
 
+def on_lift(s: FloorState) -> FloorState:
+    """A strong candidate cuts the floor short: probe now (judged like any probe)."""
+    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0) if s.floored else s
+
+
 def on_plain_step(s: FloorState) -> FloorState:
     """One floored plain step done; when the backoff runs out, the next steps are a probe."""
     if not s.floored:

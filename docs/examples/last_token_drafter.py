@@ -10,6 +10,7 @@ class LastFollower:
     name = "last-follower"
     needs_taps: tuple[int, ...] = ()  # no target hidden states needed
     vocab_size = None  # only proposes ids it has seen
+    cheap_draft = True  # draft() is a few dict lookups
 
     def __init__(self, max_len: int = 4):
         self.max_len, self.tokens, self.next_of = max_len, [], {}
