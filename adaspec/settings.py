@@ -34,6 +34,8 @@ class Settings(BaseModel):
     pld_max_ngram: int = Field(3, ge=1, le=64)
     pld_min_ngram: int = Field(1, ge=1, le=64)
     pld_draft_len: int = Field(10, ge=1, le=256)
+    # a PLD draft is "strong" (may lift a floor) when its match runs this many tokens back
+    pld_strong_match: int = Field(6, ge=1, le=256)
     # DFlash: block size (0 = the checkpoint's own), drafter context kept as sink + recent window
     dflash_block: int = Field(0, ge=0, le=64)
     dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)

@@ -80,3 +80,15 @@ def test_bad_knobs_are_rejected_with_names():
     with pytest.raises(DrafterError, match="not a int"):
         factory("max_ngram=x", None, Settings())
     assert factory("max_ngram=5,draft_len=4", None, Settings()).max_ngram == 5
+
+
+def test_strong_only_when_the_match_runs_far_back():
+    p = PromptLookup(3, 1, 4, strong_match=6)
+    copied = [9, 8, 7, 6, 5, 4, 3, 2, 1]
+    p.prefill(copied + [0] + copied[:6], DraftContext([], 0))  # suffix matches 6 tokens back
+    d = p.draft(DraftContext(p.tokens, 10))
+    assert d.tokens == (3, 2, 1, 0) and d.strong
+    q = PromptLookup(3, 1, 4, strong_match=6)
+    q.prefill(copied + [0] + [5, 4, 3], DraftContext([], 0))  # only the 3-gram matches
+    d = q.draft(DraftContext(q.tokens, 10))
+    assert d.tokens == (2, 1, 0, 5) and not d.strong

@@ -21,7 +21,9 @@ class PromptLookup:
     vocab_size = None
     cheap_draft = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10):
+    def __init__(
+        self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10, strong_match: int = 6
+    ):
         if not 1 <= min_ngram <= max_ngram:
             raise DrafterError(
                 f"pld n-gram sizes min={min_ngram}, max={max_ngram} are invalid; "
@@ -30,6 +32,7 @@ class PromptLookup:
         if draft_len < 1:
             raise DrafterError(f"pld draft_len={draft_len} is invalid; accepted: >= 1")
         self.max_ngram, self.min_ngram, self.draft_len = max_ngram, min_ngram, draft_len
+        self.strong_match = strong_match
         self.tokens: list[int] = []
         # n-gram -> start positions of the token that followed it, oldest first
         self._index: dict[tuple[int, ...], list[int]] = {}
@@ -76,9 +79,17 @@ class PromptLookup:
                 s = starts[-1]
                 self.last_match = n
                 toks = tuple(self.tokens[s : s + k])
-                # a full-length n-gram match with a real continuation is worth a probe
-                return Draft(toks, strong=n == self.max_ngram and len(toks) >= 2)
+                # text being copied: the match runs on well past the n-gram
+                strong = len(toks) >= 2 and self._match_len(s, n) >= self.strong_match
+                return Draft(toks, strong=strong)
         return Draft()
+
+    def _match_len(self, s: int, n: int) -> int:
+        """How far the suffix matched at start s (n tokens known) really extends backwards."""
+        t, L, m = self.tokens, len(self.tokens), n
+        while m < self.strong_match and s - m - 1 >= 0 and t[s - m - 1] == t[L - m - 1]:
+            m += 1
+        return m
 
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
         self._append(committed_tokens)
@@ -117,6 +128,8 @@ def factory(arg: str | None, info: TargetInfo, settings: Settings) -> PromptLook
         "max_ngram": settings.pld_max_ngram,
         "min_ngram": settings.pld_min_ngram,
         "draft_len": settings.pld_draft_len,
+        "strong_match": settings.pld_strong_match,
     }
-    kw.update(parse_kv(arg, {"max_ngram": int, "min_ngram": int, "draft_len": int}, "pld"))
+    allowed = {"max_ngram": int, "min_ngram": int, "draft_len": int, "strong_match": int}
+    kw.update(parse_kv(arg, allowed, "pld"))
     return PromptLookup(**kw)
