@@ -5,10 +5,10 @@ test_dflash_checkpoint.py)."""
 import mlx.core as mx
 import numpy as np
 import pytest
+from distribution import assert_same, exact_sequences
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from scipy.stats import chisquare
 from strategies import prompts
 from tiny import VOCAB, ar_greedy, tiny_model
 from tiny_dflash import (
@@ -173,30 +173,6 @@ PROMPT = [1, 2, 3]
 SAMPLE_TARGET = tiny_model("llama", vocab=V, seed=3, scale=0.5)
 
 
-def _target_dist(tokens, params):
-    logits = SAMPLE_TARGET(mx.array(tokens)[None])[0, -1:].astype(mx.float32)
-    return np.array(sampling.probs(sampling.logprobs(logits), params))[0].astype(np.float64)
-
-
-def _exact_joint(params, n):
-    def rec(prefix, depth):
-        p = _target_dist(PROMPT + prefix, params)
-        if depth == 1:
-            return p
-        return np.concatenate([p[a] * rec(prefix + [a], depth - 1) for a in range(V)])
-
-    return rec([], n)
-
-
-def _chi2_ok(counts, probs):
-    exp = probs * counts.sum()
-    keep = exp >= 5
-    obs, e = np.append(counts[keep], counts[~keep].sum()), np.append(exp[keep], exp[~keep].sum())
-    obs, e = (obs, e) if e[-1] > 0 else (obs[:-1], e[:-1])
-    res = chisquare(obs, e * obs.sum() / e.sum())
-    assert res.pvalue > 1e-3, res
-
-
 def test_sampled_drafts_are_draws_from_q():
     d = tiny_drafter(SAMPLE_TARGET)
     d.prefill(PROMPT, ctx(PROMPT, FEATS[:2]))
@@ -206,7 +182,7 @@ def test_sampled_drafts_are_draws_from_q():
     assert q.shape == (2, V) and np.allclose(q.sum(1), 1)
     assert all(np.array_equal(x.probs, q) for x in drafts)  # q depends on the state only
     for i in range(2):
-        _chi2_ok(np.bincount([x.tokens[i] for x in drafts], minlength=V).astype(float), q[i])
+        assert_same(np.bincount([x.tokens[i] for x in drafts], minlength=V).astype(float), q[i])
 
 
 def test_speculative_sampling_with_dflash_matches_target():
@@ -223,7 +199,7 @@ def test_speculative_sampling_with_dflash_matches_target():
         a, b, c = [e.token for e in decode(dec, PROMPT)]
         counts[(a * V + b) * V + c] += 1
     assert dec.stats.drafted > 0
-    _chi2_ok(counts, _exact_joint(params, 3))
+    assert_same(counts, exact_sequences(SAMPLE_TARGET, PROMPT, V, 3, params))
 
 
 # ---- (e) an independent numpy re-computation of one forward --------------------------------

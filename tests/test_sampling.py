@@ -1,11 +1,10 @@
 """Tier 2: at T>0 the emitted tokens follow the target's distribution (chi-square), for
 deterministic and stochastic drafts, with temperature and top-p; seeds reproduce."""
 
-import mlx.core as mx
 import numpy as np
 import pytest
+from distribution import assert_same, exact_sequences
 from drafters_for_tests import FixedDrafter, StochasticDrafter
-from scipy.stats import chisquare
 from tiny import tiny_model
 
 from adaspec.policy import sampling
@@ -15,16 +14,6 @@ from adaspec.targets.adapter import KVTarget
 V = 8
 PROMPT = [1, 2, 3]
 MODEL = tiny_model("llama", vocab=V, seed=3, scale=0.5)
-
-
-def target_dist(tokens, params):
-    logits = MODEL(mx.array(tokens)[None])[0, -1:].astype(mx.float32)
-    return np.array(sampling.probs(sampling.logprobs(logits), params))[0].astype(np.float64)
-
-
-def exact_joint(params):
-    p1 = target_dist(PROMPT, params)
-    return np.stack([p1[a] * target_dist(PROMPT + [a], params) for a in range(V)]).ravel()
 
 
 def sample_joint(make_drafter, params, n, seed0=0):
@@ -39,16 +28,6 @@ def sample_joint(make_drafter, params, n, seed0=0):
         a, b = [e.token for e in decode(dec, PROMPT)]
         counts[a * V + b] += 1
     return counts
-
-
-def assert_same(counts, probs):
-    exp = probs * counts.sum()
-    keep = exp >= 5
-    obs = np.append(counts[keep], counts[~keep].sum())
-    e = np.append(exp[keep], exp[~keep].sum())
-    obs, e = (obs, e) if e[-1] > 0 else (obs[:-1], e[:-1])
-    res = chisquare(obs, e * obs.sum() / e.sum())
-    assert res.pvalue > 1e-3, res
 
 
 Q = np.random.default_rng(5).dirichlet(np.ones(V), size=2)
@@ -69,7 +48,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_speculative_sampling_matches_target_joint_distribution(case):
     make, params = CASES[case]
-    assert_same(sample_joint(make, params, 1500), exact_joint(params))
+    assert_same(sample_joint(make, params, 1500), exact_sequences(MODEL, PROMPT, V, 2, params))
 
 
 def test_same_seed_same_tokens():
@@ -80,20 +59,6 @@ def test_same_seed_same_tokens():
 
 V4, L4 = 4, 4
 MODEL4 = tiny_model("llama", vocab=V4, seed=11, scale=0.5)
-
-
-def exact_sequences(model, v, length, params):
-    """Exact joint distribution of the next `length` tokens after PROMPT, flattened."""
-    out = np.zeros(v**length)
-    for seq in np.ndindex(*(v,) * length):
-        pr = 1.0
-        for i, tok in enumerate(seq):
-            if pr == 0:
-                break
-            logits = model(mx.array(PROMPT + list(seq[:i]))[None])[0, -1:].astype(mx.float32)
-            pr *= float(np.array(sampling.probs(sampling.logprobs(logits), params))[0, tok])
-        out[np.ravel_multi_index(seq, (v,) * length)] = pr
-    return out
 
 
 def test_gated_sampling_keeps_the_target_distribution():
@@ -124,4 +89,4 @@ def test_gated_sampling_keeps_the_target_distribution():
         counts[np.ravel_multi_index(seq, (V4,) * L4)] += 1
         floors += pol.floor.floors > 0
     assert 150 < floors < 2850  # the gate really did fire on some paths and not on others
-    assert_same(counts, exact_sequences(MODEL4, V4, L4, params))
+    assert_same(counts, exact_sequences(MODEL4, PROMPT, V4, L4, params))

@@ -1,0 +1,36 @@
+"""Shared helpers for the distribution tests: exact target distributions and a chi-square check."""
+
+import mlx.core as mx
+import numpy as np
+from scipy.stats import chisquare
+
+from adaspec.policy import sampling
+
+
+def target_dist(model, tokens, params) -> np.ndarray:
+    """The distribution the target samples its next token from after `tokens` (float64)."""
+    logits = model(mx.array(list(tokens))[None])[0, -1:].astype(mx.float32)
+    return np.array(sampling.probs(sampling.logprobs(logits), params))[0].astype(np.float64)
+
+
+def exact_sequences(model, prompt, v, length, params) -> np.ndarray:
+    """Exact joint distribution of the next `length` tokens, flattened in row-major order."""
+
+    def rec(prefix, depth):
+        p = target_dist(model, list(prompt) + prefix, params)
+        if depth == 1:
+            return p
+        return np.concatenate([p[a] * rec(prefix + [a], depth - 1) for a in range(v)])
+
+    return rec([], length)
+
+
+def assert_same(counts, probs, min_pvalue: float = 1e-3) -> None:
+    """Chi-square: observed counts follow `probs` (cells expected < 5 are pooled)."""
+    exp = probs * counts.sum()
+    keep = exp >= 5
+    obs = np.append(counts[keep], counts[~keep].sum())
+    e = np.append(exp[keep], exp[~keep].sum())
+    obs, e = (obs, e) if e[-1] > 0 else (obs[:-1], e[:-1])
+    res = chisquare(obs, e * obs.sum() / e.sum())
+    assert res.pvalue > min_pvalue, res
