@@ -9,7 +9,7 @@ import sys
 
 from ..errors import AdaspecError
 
-SUBCOMMANDS = ("generate", "bench", "models", "doctor")
+SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash")
 
 
 def build_parser() -> argparse.ArgumentParser:

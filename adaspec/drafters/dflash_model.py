@@ -188,23 +188,24 @@ class Attention(nn.Module):
         self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
         self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
 
-    def kv(self, x: mx.array, start: int, rope: Any) -> tuple[mx.array, mx.array]:
-        """x: (1, m, d) at absolute positions start.. -> keys, values (1, n_kv, m, head_dim)."""
-        m = x.shape[1]
-        k = self.k_norm(self.k_proj(x).reshape(1, m, self.n_kv, -1)).transpose(0, 2, 1, 3)
-        v = self.v_proj(x).reshape(1, m, self.n_kv, -1).transpose(0, 2, 1, 3)
+    def kv(self, x: mx.array, start: Any, rope: Any) -> tuple[mx.array, mx.array]:
+        """x: (N, m, d), row r at absolute positions start[r].. (start: int or (N,) array)
+        -> keys, values (N, n_kv, m, head_dim)."""
+        N, m = x.shape[:2]
+        k = self.k_norm(self.k_proj(x).reshape(N, m, self.n_kv, -1)).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(N, m, self.n_kv, -1).transpose(0, 2, 1, 3)
         return rope(k, offset=start), v
 
     def __call__(self, x, ctx_k, ctx_v, start, rope, mask):
-        B = x.shape[1]
-        q = self.q_norm(self.q_proj(x).reshape(1, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
+        N, B = x.shape[:2]
+        q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = rope(q, offset=start)
         k, v = self.kv(x, start, rope)
         keys, values = mx.concatenate([ctx_k, k], axis=2), mx.concatenate([ctx_v, v], axis=2)
         o = mx.fast.scaled_dot_product_attention(
             q, keys, values, scale=self.head_dim**-0.5, mask=mask
         )
-        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(1, B, -1))
+        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(N, B, -1))
 
 
 class MLP(nn.Module):
@@ -249,9 +250,18 @@ class DFlashModel(nn.Module):
         )
 
     def context_kv(self, features: mx.array, start: int) -> list[tuple[mx.array, mx.array]]:
-        """features (m, n_taps*d) of positions start..start+m-1 -> per layer (keys, values)."""
-        c = self.hidden_norm(self.fc(features.astype(mx.float32)[None]))
+        """features ([N,] m, n_taps*d) of positions start..start+m-1 -> per layer (keys, values)
+        of shape (N or 1, n_kv, m, head_dim)."""
+        f = features.astype(mx.float32)
+        c = self.hidden_norm(self.fc(f if f.ndim == 3 else f[None]))
         return [layer.self_attn.kv(c, start, self._rope) for layer in self.layers]
+
+    def blocks(self, x: mx.array, ctx: list[tuple[mx.array, mx.array]], starts: Any, mask: Any):
+        """Training form: x (N, B, d) blocks at positions starts (N,) attending their context
+        rows ctx[layer] = (keys, values) of shape (N, n_kv, S, hd) under `mask` (N, 1, B, S+B)."""
+        for layer, (k, v) in zip(self.layers, ctx):
+            x = layer(x, k, v, starts, self._rope, mask)
+        return self.norm(x)
 
     def __call__(
         self,

@@ -1,0 +1,74 @@
+"""`adaspec train-dflash`: train a DFlash drafter for a target by self-distillation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+
+from ..train.pipeline import Recipe, tiny_recipe
+from ..train.trainer import Hyper
+from .common import DEFAULT_MODEL, load_model
+
+_RECIPE = {f.name: f for f in fields(Recipe) if f.name not in ("corpus", "hyper")}
+_HYPER = {f.name: f for f in fields(Hyper)}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "train-dflash",
+        help="train a DFlash drafter for a target (resumable)",
+        description="Corpus -> prompts -> the target's own responses -> tap features -> "
+        "drafter (z-lab format) with a model card. Re-run the same command to resume.",
+    )
+    p.add_argument(
+        "--target", default=DEFAULT_MODEL, help=f"target model (default {DEFAULT_MODEL})"
+    )
+    p.add_argument("--out", required=True, help="output folder (checkpoint + work/ for resume)")
+    p.add_argument(
+        "--corpus", default="../shared/corpus", help="folder with news.txt and code_modules.txt"
+    )
+    p.add_argument("--tiny", action="store_true", help="a minutes-long end-to-end run (CI)")
+    for name, f in {**_RECIPE, **_HYPER}.items():
+        kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
+        if name == "mask_token_id":
+            kind = int
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind or str,
+            default=None,
+            help=f"default {f.default if f.default is not None else 'automatic'}",
+        )
+    p.set_defaults(func=run)
+
+
+def recipe_from_args(args: argparse.Namespace) -> Recipe:
+    hyper = Hyper(**{k: getattr(args, k) for k in _HYPER if getattr(args, k) is not None})
+    base = Recipe(corpus=args.corpus, hyper=hyper)
+    if args.tiny:
+        base = tiny_recipe(base)
+    over = {k: getattr(args, k) for k in _RECIPE if getattr(args, k) is not None}
+    hover = {k: getattr(args, k) for k in _HYPER if getattr(args, k) is not None}
+    from dataclasses import replace
+
+    return replace(base, **over, hyper=replace(base.hyper, **hover))
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train.pipeline import train_dflash
+
+    recipe = recipe_from_args(args)
+    model, tokenizer = load_model(args.target)
+    m = train_dflash(model, tokenizer, args.out, recipe)
+    last = m["evals"][-1] if m["evals"] else {}
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "steps": m["steps"],
+                "final_train_loss": m["final_train_loss"],
+                "heldout": {k: last.get(k) for k in ("loss", "tau")},
+            },
+        )
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Training drafters: DFlash self-distillation (`adaspec train-dflash`)."""

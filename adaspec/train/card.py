@@ -1,0 +1,97 @@
+"""The model card (README.md) and the loss / tau curves (curves.png, needs matplotlib) of a
+trained drafter, both made from metrics.json alone."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def _smooth(values: list[float], n: int = 20) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    if len(v) < n:
+        return v
+    return np.convolve(v, np.ones(n) / n, mode="valid")
+
+
+def eval_table(evals: list[dict]) -> str:
+    rows = [
+        "| epoch | step | held-out loss | held-out tau | accept@1 | accept@3 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in evals:
+        acc = e.get("acceptance_by_position") or [float("nan")] * 3
+        rows.append(
+            f"| {e['epoch']} | {e['step']} | {e.get('loss', float('nan')):.3f} | "
+            f"{e.get('tau', float('nan')):.2f} | {acc[0]:.2f} | {acc[min(2, len(acc) - 1)]:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def write(out: Path, m: dict) -> None:
+    r, h, d = m["recipe"], m["recipe"]["hyper"], m["data"]
+    cfg = m["drafter"]
+    dc = cfg["dflash_config"]
+    text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
+
+A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
+`adaspec train-dflash` against a frozen target by self-distillation.
+
+- Target layers tapped: {dc["target_layer_ids"]} of {cfg["num_target_layers"]}
+- Hidden {cfg["hidden_size"]}, {cfg["num_attention_heads"]} heads / {cfg["num_key_value_heads"]} kv
+  heads, head_dim {cfg["head_dim"]}, intermediate {cfg["intermediate_size"]}
+- Mask token id {dc["mask_token_id"]}: {m["mask_token"]["why"]}.
+- Initialisation: {r["init"]} ("target": each drafter layer starts as a copy of one of the
+  target's last layers, the final norm as the target's).
+
+## Data
+Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts and
+{r["n_code"]} code prompts (instruction templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
+{r["heldout"]:.0%} held out by a hash of the source text. The target wrote every response
+(greedy, up to {r["max_new"]} tokens; prompts cut to their last {r["max_prompt"]} tokens).
+{d["train_sequences"]} training sequences ({d["train_response_tokens"]} response tokens),
+{d["heldout_sequences"]} held out.
+
+## Training
+{m["steps"]} steps: {h["epochs"]} epochs of {h["seqs_per_step"]} sequences x
+{h["anchors_per_seq"]} random anchors per step; block cross entropy with position weights
+exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}); AdamW lr {h["lr"]}, weight decay
+{h["weight_decay"]}, warm-up {h["warmup"]:.0%} then cosine, gradient clip {h["clip"]}.
+Final training loss (mean of the last 20 steps): {m["final_train_loss"]:.3f}.
+
+## Held-out evaluation
+tau = 1 + the number of leading draft tokens equal to the target's own response (what greedy
+verification accepts, bonus token included), over blocks anchored at every
+{h["eval_stride"]}th response position of the held-out sequences.
+
+{eval_table(m["evals"])}
+"""
+    (out / "README.md").write_text(text)
+    plot(out / "curves.png", m)
+
+
+def plot(path: Path, m: dict) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib not installed (pip install 'adaspec[plot]'): no %s", path.name)
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    steps = [s for s, _ in m["loss"]]
+    loss = _smooth([v for _, v in m["loss"]])
+    a.plot(steps[len(steps) - len(loss) :], loss)
+    a.set(xlabel="step", ylabel="training loss (20-step mean)", title="loss")
+    ev = [e for e in m["evals"] if "tau" in e]
+    b.plot([e["step"] for e in ev], [e["tau"] for e in ev], marker="o")
+    b.set(xlabel="step", ylabel="held-out tau", title="tau (greedy, bonus included)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True

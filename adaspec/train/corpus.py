@@ -1,0 +1,137 @@
+"""Training prompts from a text corpus: news articles and Python source files, each wrapped in
+one of a few instruction templates (grounded: summarize, extract, answer, document, edit; open:
+continue, explain, write). The target writes the responses; this module only asks."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from .objective import TrainingError
+
+NEWS_TASKS = (
+    "Summarize the following news article in a few sentences.\n\n{text}",
+    "List the people, places and organisations named in this article, one per line.\n\n{text}",
+    "Read the article and answer: what happened, where, and why does it matter?\n\n{text}",
+    "Rewrite the first paragraph of this article in plain, simple English.\n\n{text}",
+    "Write a short headline and a two-sentence summary for this article.\n\n{text}",
+    "Continue this news story with two more paragraphs.\n\n{text}",
+    "Write a short story inspired by this news report.\n\n{text}",
+    "Explain the background of this news for a reader who knows nothing about it.\n\n{text}",
+)
+CODE_TASKS = (
+    "Explain what this Python code does.\n\n```python\n{text}\n```",
+    "Add docstrings and type hints to this Python code.\n\n```python\n{text}\n```",
+    "Write unit tests with pytest for this Python code.\n\n```python\n{text}\n```",
+    "Refactor this Python code to make it easier to read.\n\n```python\n{text}\n```",
+    "Find possible bugs in this Python code and show a fixed version.\n\n```python\n{text}\n```",
+    "Write a short tutorial on how to use this code.\n\n```python\n{text}\n```",
+)
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    id: str
+    source: str  # "news" or "code"
+    heldout: bool
+    messages: tuple[dict, ...]
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "source": self.source,
+            "heldout": self.heldout,
+            "messages": list(self.messages),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> PromptRecord:
+        return cls(d["id"], d["source"], bool(d["heldout"]), tuple(d["messages"]))
+
+
+def news_chunks(path: Path, max_chars: int) -> list[str]:
+    """One chunk per article (one article per line), cut at a sentence end below max_chars."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        text = line.strip()
+        if len(text) < 200:
+            continue
+        if len(text) > max_chars:
+            cut = text.rfind(". ", 0, max_chars)
+            text = text[: cut + 1 if cut > max_chars // 2 else max_chars]
+        out.append(text)
+    return out
+
+
+def code_chunks(modules_file: Path, max_chars: int) -> list[str]:
+    """Consecutive chunks of whole lines (up to max_chars) of each listed stdlib module's source;
+    modules not present as .py files in this Python are skipped."""
+    out = []
+    for name in modules_file.read_text(encoding="utf-8").split():
+        spec = importlib.util.find_spec(name)
+        origin = getattr(spec, "origin", None) or ""
+        if not origin.endswith(".py"):
+            continue
+        chunk: list[str] = []
+        size = 0
+        for line in Path(origin).read_text(encoding="utf-8", errors="replace").splitlines():
+            if size + len(line) + 1 > max_chars and chunk:
+                out.append("\n".join(chunk).strip("\n"))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += len(line) + 1
+        if chunk:
+            out.append("\n".join(chunk).strip("\n"))
+    return [c for c in out if len(c) >= 200]
+
+
+def _heldout(text: str, fraction: float) -> bool:
+    h = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def build_prompts(
+    corpus: Path,
+    *,
+    n_news: int,
+    n_code: int,
+    seed: int,
+    heldout: float = 0.05,
+    max_chars: int = 1500,
+) -> list[PromptRecord]:
+    """n_news + n_code prompts, chunks drawn without replacement while they last (then reused
+    with another task), the held-out split decided by a hash of the chunk text."""
+    news_file, code_file = corpus / "news.txt", corpus / "code_modules.txt"
+    for f in (news_file, code_file):
+        if not f.is_file():
+            raise TrainingError(
+                f"corpus file {str(f)!r} does not exist; accepted: a corpus folder with "
+                "news.txt and code_modules.txt"
+            )
+    records = []
+    for source, chunks, tasks, n in (
+        ("news", news_chunks(news_file, max_chars), NEWS_TASKS, n_news),
+        ("code", code_chunks(code_file, max_chars), CODE_TASKS, n_code),
+    ):
+        if n > 0 and not chunks:
+            raise TrainingError(f"corpus {str(corpus)!r} yields no {source} text")
+        rng = random.Random(f"{seed}-{source}")  # per source: a count change keeps the other
+        order: list[str] = []
+        for i in range(n):
+            if not order:
+                order = chunks[:]
+                rng.shuffle(order)
+            text = order.pop()
+            task = rng.choice(tasks)
+            records.append(
+                PromptRecord(
+                    id=f"{source}-{i:05d}",
+                    source=source,
+                    heldout=_heldout(text, heldout),
+                    messages=({"role": "user", "content": task.format(text=text)},),
+                )
+            )
+    return records

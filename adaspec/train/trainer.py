@@ -1,0 +1,280 @@
+"""Training a DFlash drafter against a frozen target: batched block loss over cached tap
+features, AdamW with warm-up + cosine and clipping, held-out tau, resumable checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from tqdm import tqdm
+
+from ..drafters.dflash_model import DFlashConfig, DFlashModel
+from ..targets.adapter import inner_model
+from .data import TrainSeq, load_features
+from .objective import (
+    TrainingError,
+    accepted_lengths,
+    block_mask,
+    default_gamma,
+    make_blocks,
+    position_weights,
+    sample_anchors,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Optimisation knobs (the drafter's shape lives in its DFlashConfig)."""
+
+    epochs: int = 4
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 32
+    lr: float = 6e-4
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    gamma: float = 0.0  # 0: the paper's value for the block size
+    seed: int = 0
+    eval_stride: int = 4  # held-out anchors: every n-th response position
+    ckpt_every: int = 50
+
+    def __post_init__(self) -> None:
+        for k in ("epochs", "seqs_per_step", "anchors_per_seq", "eval_stride", "ckpt_every"):
+            if getattr(self, k) < 1:
+                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
+        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.clip > 0 and self.gamma >= 0):
+            raise TrainingError(
+                f"lr={self.lr}, warmup={self.warmup}, clip={self.clip}, gamma={self.gamma} "
+                "are invalid; accepted: lr > 0, 0 <= warmup < 1, clip > 0, gamma >= 0"
+            )
+
+
+@dataclass
+class History:
+    """What the model card and the plot report: per-step loss, per-epoch held-out metrics."""
+
+    step: int = 0
+    epoch: int = 0
+    loss: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+
+class Head:
+    """The frozen target's embedding and output projection, shared with inference."""
+
+    def __init__(self, target: Any):
+        self.embed = inner_model(target).embed_tokens
+        head = getattr(target, "lm_head", None)
+        self.project = head if head is not None else self.embed.as_linear
+
+
+def _padded(feats: list[np.ndarray]) -> mx.array:
+    T = max(len(f) for f in feats)
+    out = np.zeros((len(feats), T, feats[0].shape[1]), dtype=feats[0].dtype)
+    for i, f in enumerate(feats):
+        out[i, : len(f)] = f
+    return mx.array(out)
+
+
+def batch_arrays(
+    seqs: Sequence[TrainSeq],
+    feats: list[np.ndarray],
+    anchors: list[np.ndarray],
+    cfg: DFlashConfig,
+) -> dict[str, mx.array]:
+    """Everything one loss evaluation needs, for blocks of several sequences at once."""
+    blocks = [
+        make_blocks(s.tokens, a, cfg.block_size, cfg.mask_token_id) for s, a in zip(seqs, anchors)
+    ]
+    F = _padded(feats)
+    T = F.shape[1]
+    owner = np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)])
+    anchor = np.concatenate(anchors)
+    return {
+        "features": F,
+        "owner": mx.array(owner),
+        "anchors": mx.array(anchor),
+        "inputs": mx.array(np.concatenate([b.inputs for b in blocks])),
+        "labels": mx.array(np.concatenate([b.labels for b in blocks])),
+        "valid": mx.array(np.concatenate([b.valid for b in blocks])),
+        "mask": mx.array(block_mask(anchor, T, cfg.block_size, cfg.causal(0))),
+    }
+
+
+def block_logits(model: DFlashModel, head: Head, b: dict[str, mx.array]) -> mx.array:
+    """(N, B-1, V) logits of every block's draft positions."""
+    ctx = model.context_kv(b["features"], 0)
+    rows = [(k[b["owner"]], v[b["owner"]]) for k, v in ctx]
+    x = head.embed(b["inputs"]).astype(mx.float32)
+    h = model.blocks(x, rows, b["anchors"], b["mask"])
+    return head.project(h[:, 1:]).astype(mx.float32)
+
+
+def block_loss(model: DFlashModel, head: Head, b: dict[str, mx.array], w: mx.array) -> mx.array:
+    """Position-weighted cross entropy over the valid draft positions."""
+    ce = nn.losses.cross_entropy(block_logits(model, head, b), b["labels"], reduction="none")
+    weight = w[None] * b["valid"]
+    return (ce * weight).sum() / mx.maximum(weight.sum(), 1e-9)
+
+
+class Trainer:
+    def __init__(
+        self,
+        model: DFlashModel,
+        target: Any,
+        train: Sequence[TrainSeq],
+        heldout: Sequence[TrainSeq],
+        features_dir: Path,
+        state_dir: Path,
+        hyper: Hyper,
+    ):
+        if not train:
+            raise TrainingError("no training sequences; accepted: at least one")
+        self.model, self.head, self.hyper = model, Head(target), hyper
+        self.train, self.heldout = list(train), list(heldout)
+        self.features_dir, self.state_dir = features_dir, state_dir
+        cfg = model.cfg
+        self.width = len(cfg.target_layer_ids) * cfg.hidden_size
+        self.weights = mx.array(
+            position_weights(cfg.block_size, hyper.gamma or default_gamma(cfg.block_size)),
+            dtype=mx.float32,
+        )
+        self.steps_per_epoch = math.ceil(len(self.train) / hyper.seqs_per_step)
+        self.total_steps = hyper.epochs * self.steps_per_epoch
+        warm = max(1, int(hyper.warmup * self.total_steps))
+        schedule = optim.join_schedules(
+            [
+                optim.linear_schedule(hyper.lr * 0.01, hyper.lr, warm),
+                optim.cosine_decay(hyper.lr, max(1, self.total_steps - warm), hyper.lr * 0.05),
+            ],
+            [warm],
+        )
+        self.opt = optim.AdamW(learning_rate=schedule, weight_decay=hyper.weight_decay)
+        self.history = History()
+        self._grad = nn.value_and_grad(model, self._loss)
+
+    def _loss(self, b: dict[str, mx.array]) -> mx.array:
+        return block_loss(self.model, self.head, b, self.weights)
+
+    def _batch(self, seqs: Sequence[TrainSeq], anchors: list[np.ndarray]) -> dict[str, mx.array]:
+        feats = [load_features(self.features_dir, s, self.width) for s in seqs]
+        return batch_arrays(seqs, feats, anchors, self.model.cfg)
+
+    def _order(self, epoch: int) -> list[TrainSeq]:
+        perm = np.random.default_rng([self.hyper.seed, epoch]).permutation(len(self.train))
+        return [self.train[i] for i in perm]
+
+    def step(self, step: int) -> float:
+        """One optimiser step; the batch and its anchors follow from (seed, step) alone, so a
+        resumed run sees the same data it would have seen."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        n = self.hyper.seqs_per_step
+        seqs = self._order(epoch)[i * n : (i + 1) * n]
+        rng = np.random.default_rng([self.hyper.seed, 1, step])
+        anchors = [
+            sample_anchors(rng, s.prompt_len, len(s.tokens), self.hyper.anchors_per_seq)
+            for s in seqs
+        ]
+        loss, grads = self._grad(self._batch(seqs, anchors))
+        grads, _ = optim.clip_grad_norm(grads, self.hyper.clip)
+        self.opt.update(self.model, grads)
+        mx.eval(loss, self.model.parameters(), self.opt.state)
+        return float(loss)
+
+    def evaluate(self) -> dict:
+        """Held-out loss and tau: greedy block drafts at every eval_stride-th response position,
+        accepted up to the first token that differs from the target's own response."""
+        if not self.heldout:
+            return {}
+        losses, acc = [], []
+        for s in self.heldout:
+            a = np.arange(s.prompt_len, len(s.tokens) - 1, self.hyper.eval_stride)
+            if not len(a):
+                continue
+            b = self._batch([s], [a])
+            logits = block_logits(self.model, self.head, b)
+            ce = nn.losses.cross_entropy(logits, b["labels"], reduction="none")
+            weight = self.weights[None] * b["valid"]
+            losses.append(float((ce * weight).sum() / mx.maximum(weight.sum(), 1e-9)))
+            pred = np.array(mx.argmax(logits, axis=-1))
+            acc.append(accepted_lengths(pred, np.array(b["labels"]), np.array(b["valid"])))
+        lengths = np.concatenate(acc) if acc else np.zeros(0)
+        per_pos = [float((lengths >= k).mean()) for k in range(1, self.model.cfg.block_size)]
+        return {
+            "loss": float(np.mean(losses)) if losses else float("nan"),
+            "tau": float(1 + lengths.mean()) if len(lengths) else float("nan"),
+            "acceptance_by_position": per_pos,
+            "blocks": int(len(lengths)),
+        }
+
+    def run(self, progress: bool = True) -> History:
+        self._resume()
+        h = self.history
+        if h.step == 0 and not h.evals:
+            h.evals.append({"epoch": 0, "step": 0, **self.evaluate()})
+        bar = tqdm(total=self.total_steps, initial=h.step, disable=not progress, desc="train")
+        while h.step < self.total_steps:
+            loss = self.step(h.step)
+            if not math.isfinite(loss):
+                raise TrainingError(f"loss became {loss} at step {h.step}; lower --lr")
+            h.step += 1
+            h.loss.append((h.step, loss))
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+            if h.step % self.steps_per_epoch == 0:
+                h.epoch = h.step // self.steps_per_epoch
+                h.evals.append({"epoch": h.epoch, "step": h.step, **self.evaluate()})
+                log.info("epoch %d: %s", h.epoch, h.evals[-1])
+                self.save_state()
+            elif h.step % self.hyper.ckpt_every == 0:
+                self.save_state()
+        bar.close()
+        self.save_state()
+        return h
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def save_state(self) -> None:
+        d = self.state_dir
+        d.mkdir(parents=True, exist_ok=True)
+        params = dict(cast(list, tree_flatten(self.model.parameters())))
+        opt = dict(cast(list, tree_flatten(self.opt.state)))
+        mx.save_safetensors(str(d / "model.tmp.safetensors"), params)
+        mx.save_safetensors(str(d / "optimizer.tmp.safetensors"), opt)
+        (d / "state.tmp.json").write_text(
+            json.dumps({"hyper": asdict(self.hyper), "history": asdict(self.history)})
+        )
+        for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
+            stem, _, ext = name.partition(".")
+            (d / f"{stem}.tmp.{ext}").replace(d / name)  # the JSON last: it marks completeness
+
+    def _resume(self) -> None:
+        d = self.state_dir
+        if not (d / "state.json").is_file():
+            return
+        state = json.loads((d / "state.json").read_text())
+        if state["hyper"] != json.loads(json.dumps(asdict(self.hyper))):
+            raise TrainingError(
+                f"checkpoint {str(d)!r} was made with other settings ({state['hyper']}); "
+                "accepted: the same settings to resume, or a new --out folder"
+            )
+        self.model.load_weights(list(mx.load(str(d / "model.safetensors")).items()))
+        opt = cast(dict, mx.load(str(d / "optimizer.safetensors")))
+        self.opt.state = tree_unflatten(list(opt.items()))
+        hist = state["history"]
+        self.history = History(
+            hist["step"], hist["epoch"], [tuple(x) for x in hist["loss"]], hist["evals"]
+        )
+        log.info("resumed training at step %d of %d", self.history.step, self.total_steps)

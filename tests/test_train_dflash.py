@@ -1,0 +1,132 @@
+"""Tier 2: the DFlash trainer on a tiny random target: its batched block forward equals the
+drafter's inference forward, and a --tiny run ends to end (loss drops, resume, loadable)."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny import ar_greedy, byte_tokenizer, tiny_model
+from tiny_dflash import ctx, tiny_config, tiny_dflash_model
+
+from adaspec.drafters import dflash
+from adaspec.drafters.dflash import DFlashDrafter
+from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.train.data import TrainSeq, tap_features
+from adaspec.train.objective import TrainingError
+from adaspec.train.pipeline import (
+    Recipe,
+    choose_mask_token,
+    default_taps,
+    tiny_recipe,
+    train_dflash,
+)
+from adaspec.train.trainer import Head, Hyper, batch_arrays, block_logits
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_training_forward_equals_inference_for_every_anchor(arch):
+    target = tiny_model(arch)
+    info = target_info(target)
+    cfg = tiny_config(info, block=6, taps=(0, 1))
+    model = tiny_dflash_model(cfg, seed=3)
+    tokens = np.random.default_rng(1).integers(0, 256, size=30).astype(np.int32)
+    feats = np.array(tap_features(target, tokens, cfg.target_layer_ids))
+    anchors = np.array([1, 7, 20, 28])
+    seq = TrainSeq("s", False, tokens, 0)
+    b = batch_arrays([seq, seq], [feats, feats], [anchors, anchors[:2]], cfg)
+    got = np.array(block_logits(model, Head(target), b))
+    for i, a in enumerate([*anchors, *anchors[:2]]):
+        d = DFlashDrafter(model, info)
+        committed = tokens[: a + 1].tolist()
+        d.prefill(committed, ctx(committed, feats[:a]))
+        want = np.array(d.block_logits(cfg.block_size - 1))
+        np.testing.assert_allclose(got[i], want, atol=2e-4, rtol=2e-4)
+
+
+def test_default_taps_follow_zlab_rule():
+    assert default_taps(30, 5) == (1, 7, 14, 20, 27)
+    assert default_taps(36, 5) == (1, 9, 17, 25, 33)
+    assert default_taps(2, 2) == (0, 1)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = "the river city council said on monday that water levels rose again".split()
+    lines = [" ".join(rng.choice(words, size=60)) + "." for _ in range(12)]
+    (d / "news.txt").write_text("\n".join(lines) + "\n")
+    (d / "code_modules.txt").write_text("colorsys\nbisect\n")
+    return d
+
+
+def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
+    target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
+    recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))
+    out = tmp_path / "drafter"
+    m = train_dflash(target, tok, out, recipe, progress=False)
+    losses = [v for _, v in m["loss"]]
+    assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
+    assert m["evals"][-1]["loss"] < m["evals"][0]["loss"]
+    assert (out / "README.md").is_file() and (out / "config.json").is_file()
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["torch_dtype"] == "float16"
+    assert cfg["dflash_config"]["mask_token_id"] == m["mask_token"]["id"]
+
+    # a second run finds every stage done: nothing is regenerated or retrained
+    stamp = (out / "work" / "responses.jsonl").stat().st_mtime_ns
+    again = train_dflash(target, tok, out, recipe, progress=False)
+    assert again["loss"] == m["loss"]
+    assert (out / "work" / "responses.jsonl").stat().st_mtime_ns == stamp
+
+    # the saved drafter loads through the public path and keeps the output lossless
+    info = target_info(target, tok)
+    d = dflash.load(out, info)
+    prompt = list(b"the river said")
+    dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=12))
+    assert [e.token for e in decode(dec, prompt)] == ar_greedy(target, prompt, 12)
+
+
+def test_resume_with_other_settings_is_refused(tmp_path, corpus):
+    target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
+    recipe = tiny_recipe(Recipe(corpus=str(corpus)))
+    train_dflash(target, tok, tmp_path, recipe, progress=False)
+    from dataclasses import replace
+
+    with pytest.raises(TrainingError, match="other settings"):
+        train_dflash(
+            target,
+            tok,
+            tmp_path,
+            replace(recipe, hyper=replace(recipe.hyper, lr=1e-2)),
+            progress=False,
+        )
+    with pytest.raises(TrainingError, match="another recipe"):
+        train_dflash(target, tok, tmp_path, replace(recipe, n_news=3), progress=False)
+
+
+def test_bad_recipe_and_corpus_are_refused(tmp_path):
+    with pytest.raises(TrainingError, match="block=1"):
+        Recipe(corpus=".", block=1)
+    with pytest.raises(TrainingError, match="epochs=0"):
+        Hyper(epochs=0)
+    target, tok = tiny_model("llama"), byte_tokenizer()
+    with pytest.raises(TrainingError, match="news.txt"):
+        train_dflash(target, tok, tmp_path, tiny_recipe(Recipe(corpus=str(tmp_path))))
+
+
+def test_mask_token_is_an_unused_id():
+    tok = byte_tokenizer()
+    tid, why = choose_mask_token(tok, 260)
+    assert tid != 256 and 0 <= tid < 260 and "mask" in why
+
+
+@pytest.mark.slow
+def test_smollm2_mask_token_is_an_unused_special(smollm2):
+    _, tok = smollm2
+    tid, why = choose_mask_token(tok, 49152)
+    assert tid not in (0, 1, 2)
+    assert tok.convert_ids_to_tokens(tid).startswith("<")
+    _ = mx  # mlx is loaded through adaspec first

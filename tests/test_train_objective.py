@@ -1,0 +1,79 @@
+"""Pure tests of the DFlash training objective: anchors, block mask, labels, weights, tau."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaspec.train.objective import (
+    TrainingError,
+    accepted_lengths,
+    block_mask,
+    default_gamma,
+    make_blocks,
+    position_weights,
+    sample_anchors,
+)
+
+
+@given(st.integers(0, 50), st.integers(0, 80), st.integers(0, 40), st.integers(0, 2**32 - 1))
+def test_anchors_are_distinct_sorted_and_leave_a_label(start, length, n, seed):
+    end = start + length
+    a = sample_anchors(np.random.default_rng(seed), start, end, n)
+    assert len(a) == min(n, max(end - 1 - start, 0))
+    assert np.all(np.diff(a) > 0)
+    if len(a):
+        assert a.min() >= start and a.max() <= end - 2
+
+
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=6, unique=True), st.integers(2, 9))
+def test_block_mask_sees_exactly_the_committed_context_and_its_own_block(anchors, B):
+    a = np.array(sorted(anchors))
+    S = 31
+    m = block_mask(a, S, B)
+    assert m.shape == (len(a), 1, B, S + B)
+    for i, ai in enumerate(a):
+        # context rows p < a_i: the positions before the block's first slot, as at inference
+        assert np.array_equal(m[i, 0, :, :S], np.broadcast_to(np.arange(S) < ai, (B, S)))
+        assert m[i, 0, :, S:].all()  # bidirectional inside the block
+    causal = block_mask(a, S, B, causal=True)
+    assert np.array_equal(causal[0, 0, :, S:], np.tril(np.ones((B, B), bool)))
+
+
+@given(st.integers(3, 40), st.integers(2, 9), st.data())
+def test_blocks_hold_the_anchor_token_masks_and_the_following_labels(T, B, data):
+    tokens = np.arange(100, 100 + T)
+    a = np.array(sorted(data.draw(st.sets(st.integers(0, T - 2), min_size=1, max_size=5))))
+    b = make_blocks(tokens, a, B, mask_id=7)
+    assert np.array_equal(b.inputs[:, 0], tokens[a])
+    assert (b.inputs[:, 1:] == 7).all()
+    for i, ai in enumerate(a):
+        for k in range(1, B):
+            assert b.valid[i, k - 1] == (ai + k < T)
+            if ai + k < T:
+                assert b.labels[i, k - 1] == tokens[ai + k]
+
+
+def test_bad_anchor_is_refused():
+    with pytest.raises(TrainingError, match="anchors"):
+        make_blocks(np.arange(5), np.array([4]), 4, 0)
+
+
+def test_position_weights_follow_the_paper():
+    w = position_weights(16, default_gamma(16))
+    assert w[0] == 1.0 and np.all(np.diff(w) < 0)
+    assert np.isclose(w[7], np.exp(-7 / 7))
+    assert default_gamma(8) == 4 and default_gamma(10) == 5
+    with pytest.raises(TrainingError, match="gamma"):
+        position_weights(8, 0)
+
+
+@given(st.lists(st.lists(st.booleans(), min_size=4, max_size=4), min_size=1, max_size=8))
+def test_accepted_length_counts_leading_matches_only(rows):
+    ok = np.array(rows)
+    labels = np.zeros(ok.shape, dtype=int)
+    pred = np.where(ok, 0, 1)
+    got = accepted_lengths(pred, labels, np.ones(ok.shape, bool))
+    for r, n in zip(rows, got):
+        want = next((i for i, x in enumerate(r) if not x), len(r))
+        assert n == want
