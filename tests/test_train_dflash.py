@@ -104,7 +104,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, corpus):
             progress=False,
         )
     with pytest.raises(TrainingError, match="another recipe"):
-        train_dflash(target, tok, tmp_path, replace(recipe, n_news=3), progress=False)
+        train_dflash(target, tok, tmp_path, replace(recipe, hyper=replace(recipe.hyper, seed=9)))
 
 
 def test_bad_recipe_and_corpus_are_refused(tmp_path):

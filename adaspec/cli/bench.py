@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_model_flags, load_model, sampling_kwargs
+from .common import add_model_flags, drafter_spec, load_model, sampling_kwargs
 
 DEFAULT_SUITE = Path("..") / "shared" / "prompts" / "dev.jsonl"
 
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         tokenizer,
         suite,
-        drafter=args.drafter,
+        drafter=drafter_spec(args, model, tokenizer),
         repeats=args.repeats,
         max_tokens=args.max_tokens,
         spec_kwargs=sampling_kwargs(args),

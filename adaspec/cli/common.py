@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_DRAFTER = "pld"
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
@@ -16,10 +15,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--drafter",
-        default=DEFAULT_DRAFTER,
+        default=None,
         metavar="NAME[:ARG]",
-        help=f"none, pld, or any registered drafter; ARG goes to its factory "
-        f"(default {DEFAULT_DRAFTER})",
+        help="none, pld, auto, dflash:DIR or any registered drafter; ARG goes to its factory "
+        "(default: auto if adaspec ships a DFlash drafter for the model, else pld)",
     )
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=0.0, help="nucleus sampling (0 or 1 = off)")
@@ -47,3 +46,13 @@ def load_model(name: str):
     from ..targets.loader import load
 
     return load(name)
+
+
+def drafter_spec(args: argparse.Namespace, model, tokenizer) -> str:
+    """--drafter, or the default for this model (see registry.default_spec)."""
+    if args.drafter is not None:
+        return args.drafter
+    from ..drafters.registry import default_spec
+    from ..targets.adapter import target_info
+
+    return default_spec(target_info(model, tokenizer))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_flags, load_model, sampling_kwargs
+from .common import add_model_flags, drafter_spec, load_model, sampling_kwargs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         for k, v in settings.as_env().items():
             print(f"{k}={v}", file=sys.stderr)
     kw = dict(
-        drafter=args.drafter,
+        drafter=drafter_spec(args, model, tokenizer),
         max_tokens=args.max_tokens,
         stop=args.stop,
         settings=settings,

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe = recipe_from_args(args)
     model, tokenizer = load_model(args.target)
-    m = train_dflash(model, tokenizer, args.out, recipe)
+    m = train_dflash(model, tokenizer, args.out, recipe, target_name=args.target)
     last = m["evals"][-1] if m["evals"] else {}
     print(
         json.dumps(

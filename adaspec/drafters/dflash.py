@@ -187,8 +187,25 @@ def load(
     return DFlashDrafter(load_model(path, info), info, block=block, window=window, sink=sink)
 
 
+SHIPPED = Path(__file__).parent / "checkpoints"
+
+
 def default_checkpoint(info: TargetInfo) -> Path | None:
-    """The DFlash checkpoint shipped for this target, if any (none ship yet)."""
+    """The DFlash checkpoint shipped with adaspec for this target, if any: a folder under
+    drafters/checkpoints whose config names the target's architecture and matches its
+    vocabulary, hidden size and layer count."""
+    import json
+
+    for cfg_file in sorted(SHIPPED.glob("*/config.json")):
+        cfg = json.loads(cfg_file.read_text())
+        target = cfg.get("adaspec_target") or {}
+        if (
+            target.get("model_type") == info.model_type
+            and cfg.get("vocab_size") == info.vocab_size
+            and cfg.get("hidden_size") == info.hidden_size
+            and cfg.get("num_target_layers") == info.num_layers
+        ):
+            return cfg_file.parent
     return None
 
 

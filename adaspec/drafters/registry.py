@@ -78,3 +78,11 @@ def make(spec: str, info: TargetInfo, settings: Settings) -> DraftModel | None:
     if factory is None:
         raise DrafterError(f"unknown drafter {name!r}; accepted: none, {', '.join(names())}")
     return factory(arg, info, settings)
+
+
+def default_spec(info: TargetInfo) -> str:
+    """The drafter the CLI uses when none is named: "auto" (PLD + the shipped DFlash drafter)
+    for targets adaspec ships a drafter for, "pld" otherwise."""
+    from .dflash import default_checkpoint
+
+    return "auto" if default_checkpoint(info) is not None else "pld"

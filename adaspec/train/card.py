@@ -58,7 +58,8 @@ Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompt
 
 ## Training
 {m["steps"]} steps: {h["epochs"]} epochs of {h["seqs_per_step"]} sequences x
-{h["anchors_per_seq"]} random anchors per step; block cross entropy with position weights
+{h["anchors_per_seq"]} random anchors in each response (plus {h.get("prompt_anchors", 0)} in
+each prompt, teacher-forced on the corpus text) per step; block cross entropy with position weights
 exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}); AdamW lr {h["lr"]}, weight decay
 {h["weight_decay"]}, warm-up {h["warmup"]:.0%} then cosine, gradient clip {h["clip"]}.
 Final training loss (mean of the last 20 steps): {m["final_train_loss"]:.3f}.

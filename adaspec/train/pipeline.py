@@ -164,19 +164,26 @@ def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
     )
     path = work / "prompts.jsonl"
     if path.is_file():
+        # growing --n-news/--n-code keeps the earlier prompts (and their responses)
+        new = {p.id: p for p in built}
         old = [PromptRecord.from_json(json.loads(x)) for x in path.read_text().splitlines()]
-        if old != built:
+        if any(p.id in new and new[p.id] != p for p in old):
             raise TrainingError(
-                f"{str(path)!r} holds prompts of another recipe; accepted: the same corpus, "
-                "counts and seed to resume, or a new --out folder"
+                f"{str(path)!r} holds prompts of another recipe; accepted: the same corpus "
+                "and seed to resume (counts may change), or a new --out folder"
             )
-    else:
-        path.write_text("".join(json.dumps(p.to_json()) + "\n" for p in built))
+    path.write_text("".join(json.dumps(p.to_json()) + "\n" for p in built))
     return built
 
 
 def train_dflash(
-    model: Any, tokenizer: Any, out: str | Path, recipe: Recipe, *, progress: bool = True
+    model: Any,
+    tokenizer: Any,
+    out: str | Path,
+    recipe: Recipe,
+    *,
+    target_name: str = "",
+    progress: bool = True,
 ) -> dict:
     """Run (or resume) every stage; returns the metrics written to OUT/metrics.json."""
     out = Path(out).expanduser()
@@ -188,6 +195,8 @@ def train_dflash(
     else:
         mask_id, why = recipe.mask_token_id, "given by the caller (--mask-token-id)"
     cfg = drafter_config(model, info, recipe, mask_id)
+    # which target the drafter was trained for: lets adaspec pick a shipped drafter by default
+    cfg.extra["adaspec_target"] = {"name": target_name, "model_type": info.model_type}
     prompts = _prompts(work, recipe)
     records = generate_responses(
         model,

@@ -41,6 +41,9 @@ class Hyper:
     epochs: int = 4
     seqs_per_step: int = 4
     anchors_per_seq: int = 32
+    # extra anchors inside the prompt (corpus text, teacher-forced): more blocks per target
+    # forward when responses are few; 0 keeps the paper's responses-only recipe
+    prompt_anchors: int = 0
     lr: float = 6e-4
     warmup: float = 0.04
     weight_decay: float = 0.01
@@ -54,6 +57,8 @@ class Hyper:
         for k in ("epochs", "seqs_per_step", "anchors_per_seq", "eval_stride", "ckpt_every"):
             if getattr(self, k) < 1:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
+        if self.prompt_anchors < 0:
+            raise TrainingError(f"prompt_anchors={self.prompt_anchors} is invalid; accepted: >= 0")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.clip > 0 and self.gamma >= 0):
             raise TrainingError(
                 f"lr={self.lr}, warmup={self.warmup}, clip={self.clip}, gamma={self.gamma} "
@@ -184,7 +189,12 @@ class Trainer:
         seqs = self._order(epoch)[i * n : (i + 1) * n]
         rng = np.random.default_rng([self.hyper.seed, 1, step])
         anchors = [
-            sample_anchors(rng, s.prompt_len, len(s.tokens), self.hyper.anchors_per_seq)
+            np.concatenate(
+                [
+                    sample_anchors(rng, 1, s.prompt_len, self.hyper.prompt_anchors),
+                    sample_anchors(rng, s.prompt_len, len(s.tokens), self.hyper.anchors_per_seq),
+                ]
+            )
             for s in seqs
         ]
         loss, grads = self._grad(self._batch(seqs, anchors))
@@ -244,6 +254,14 @@ class Trainer:
         self.save_state()
         return h
 
+    def _data_id(self) -> str:
+        import hashlib
+
+        ids = ",".join(sorted(s.id for s in self.train))
+        return (
+            f"{len(self.train)} sequences, sha256 {hashlib.sha256(ids.encode()).hexdigest()[:12]}"
+        )
+
     # -- checkpoints -------------------------------------------------------------------------
 
     def save_state(self) -> None:
@@ -254,7 +272,13 @@ class Trainer:
         mx.save_safetensors(str(d / "model.tmp.safetensors"), params)
         mx.save_safetensors(str(d / "optimizer.tmp.safetensors"), opt)
         (d / "state.tmp.json").write_text(
-            json.dumps({"hyper": asdict(self.hyper), "history": asdict(self.history)})
+            json.dumps(
+                {
+                    "hyper": asdict(self.hyper),
+                    "data": self._data_id(),
+                    "history": asdict(self.history),
+                }
+            )
         )
         for name in ("model.safetensors", "optimizer.safetensors", "state.json"):
             stem, _, ext = name.partition(".")
@@ -269,6 +293,11 @@ class Trainer:
             raise TrainingError(
                 f"checkpoint {str(d)!r} was made with other settings ({state['hyper']}); "
                 "accepted: the same settings to resume, or a new --out folder"
+            )
+        if state.get("data") != self._data_id():
+            raise TrainingError(
+                f"checkpoint {str(d)!r} was trained on other data ({state.get('data')}, now "
+                f"{self._data_id()}); accepted: the same data to resume, or delete {str(d)!r}"
             )
         self.model.load_weights(list(mx.load(str(d / "model.safetensors")).items()))
         opt = cast(dict, mx.load(str(d / "optimizer.safetensors")))
