@@ -218,3 +218,41 @@ def test_a_strong_candidate_lifts_the_floor_into_a_probe():
     off = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
     drive(off, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert not off.lift() and off.floor.floored
+
+
+@given(st.lists(st.sampled_from(["plain", "lift", "lose", "win"]), max_size=200))
+def test_lost_lifts_back_off_and_a_won_lift_resets(events):
+    """Pure FloorState: after a lost lift, no lift is possible for lift_backoff plain steps; the
+    lift backoff grows (to the cap) with consecutive lost lifts and resets when a lift wins."""
+    cfg = gates.ProbeConfig(backoff=4, growth=2, max_backoff=32, probe_len=3)
+    s = gates.on_floor(cfg, gates.FloorState())
+    since_lost, wait, lost_in_row = None, 0, 0
+    for e in events:
+        if e == "plain":
+            s = gates.on_plain_step(s)
+            since_lost = None if since_lost is None else since_lost + 1
+        elif e == "lift":
+            before = s
+            s = gates.on_lift(s)
+            lifted = s is not before and s.lifted
+            if since_lost is not None and since_lost < wait:
+                assert not lifted  # still backing off
+            if lifted:
+                assert s.probing and not s.floored
+        elif s.probing and e == "lose":
+            was_lift = s.lifted
+            s = gates.on_floor(cfg, s)
+            if was_lift:
+                lost_in_row += 1
+                wait = min(cfg.backoff * 2**lost_in_row, cfg.max_backoff)
+                assert s.lift_wait == s.lift_backoff == wait
+                since_lost = 0
+        elif s.probing and e == "win":
+            was_lift = s.lifted
+            for _ in range(cfg.probe_len):
+                s = gates.on_spec_step(cfg, s)
+            assert not s.probing
+            if was_lift:
+                assert s.lift_backoff == 0
+                lost_in_row = 0
+            s = gates.on_floor(cfg, s)  # end the run of speculation for the next event

@@ -101,7 +101,7 @@ class GatedPolicy:
         return self.floor.ar_left if self.floor.floored else 0
 
     def lift(self) -> bool:
-        if not (self.cfg.lift and self.floor.floored):
+        if not (self.cfg.lift and gates.can_lift(self.floor)):
             return False
         self.floor = gates.on_lift(self.floor)
         self.lifts += 1

@@ -86,10 +86,29 @@ class FloorState:
     floors: int = 0
     probes_won: int = 0
     probes_lost: int = 0
+    # lifts (probes started early by a strong candidate) back off on their own schedule:
+    # `lift_wait` plain steps before the next lift, growing with each lost lift
+    lifted: bool = False
+    lift_wait: int = 0
+    lift_backoff: int = 0
 
 
 def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
     """A gate fired. A failed probe grows the backoff; a first floor starts at the initial one."""
+    if s.probing and s.lifted:  # a lost lift: lifts wait longer; the plain backoff is kept
+        lift = min(int(max(s.lift_backoff, cfg.backoff) * cfg.growth), cfg.max_backoff)
+        return replace(
+            s,
+            floored=True,
+            ar_left=max(s.backoff, cfg.backoff),
+            probing=False,
+            probe_steps=0,
+            floors=s.floors + 1,
+            probes_lost=s.probes_lost + 1,
+            lifted=False,
+            lift_wait=lift,
+            lift_backoff=lift,
+        )
     if s.probing:
         backoff = min(int(max(s.backoff, cfg.backoff) * cfg.growth), cfg.max_backoff)
         return replace(
@@ -119,18 +138,26 @@ def probe_lost(cfg: CommitConfig, committed: int, step_s: float, t_ar: float) ->
     return commit_ratio(committed, step_s, t_ar, cfg.min_t_ar) < cfg.margin
 
 
+def can_lift(s: FloorState) -> bool:
+    return s.floored and s.lift_wait == 0
+
+
 def on_lift(s: FloorState) -> FloorState:
-    """A strong candidate cuts the floor short: probe now (judged like any probe)."""
-    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0) if s.floored else s
+    """A strong candidate cuts the floor short: probe now (judged like any probe), unless
+    recent lifts lost and their own backoff has not run out."""
+    if not can_lift(s):
+        return s
+    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0, lifted=True)
 
 
 def on_plain_step(s: FloorState) -> FloorState:
     """One floored plain step done; when the backoff runs out, the next steps are a probe."""
     if not s.floored:
         return s
+    wait = max(s.lift_wait - 1, 0)
     if s.ar_left > 1:
-        return replace(s, ar_left=s.ar_left - 1)
-    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0)
+        return replace(s, ar_left=s.ar_left - 1, lift_wait=wait)
+    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0, lift_wait=wait)
 
 
 def on_spec_step(cfg: ProbeConfig, s: FloorState) -> FloorState:
@@ -140,6 +167,12 @@ def on_spec_step(cfg: ProbeConfig, s: FloorState) -> FloorState:
         return s
     if s.probe_steps + 1 >= cfg.probe_len:
         return replace(
-            s, probing=False, probe_steps=0, backoff=cfg.backoff, probes_won=s.probes_won + 1
+            s,
+            probing=False,
+            probe_steps=0,
+            backoff=cfg.backoff,
+            probes_won=s.probes_won + 1,
+            lifted=False,
+            lift_backoff=0 if s.lifted else s.lift_backoff,
         )
     return replace(s, probe_steps=s.probe_steps + 1)
