@@ -33,6 +33,9 @@ def test_training_forward_equals_inference_for_every_anchor(arch):
     model = tiny_dflash_model(cfg, seed=3)
     tokens = np.random.default_rng(1).integers(0, 256, size=30).astype(np.int32)
     feats = np.array(tap_features(target, tokens, cfg.target_layer_ids))
+    # the trainer's early-exit extraction gives the features decoding computes
+    via_adapter = np.array(KVTarget(target).prefill(tokens.tolist(), cfg.target_layer_ids))
+    np.testing.assert_allclose(feats, via_adapter, atol=1e-4, rtol=1e-4)
     anchors = np.array([1, 7, 20, 28])
     seq = TrainSeq("s", False, tokens, 0)
     b = batch_arrays([seq, seq], [feats, feats], [anchors, anchors[:2]], cfg)

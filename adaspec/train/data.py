@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..prompting import prompt_ids
-from ..targets.adapter import tapped
+from ..targets.adapter import layer_list, tapped
 from .corpus import PromptRecord
 from .objective import TrainingError
 
@@ -100,11 +100,40 @@ def to_sequences(records: Sequence[dict], min_response: int = 2) -> list[TrainSe
     return out
 
 
+class _Done(Exception):
+    """Raised by the deepest tap: the layers above it and the lm_head are not needed."""
+
+
+class _LastTap:
+    """Stands in for the deepest tap layer: records its output, then ends the forward."""
+
+    def __init__(self, layer: Any, sink: list):
+        self._layer, self._sink = layer, sink
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._layer(*args, **kwargs)
+        self._sink.append(out[0] if isinstance(out, tuple) else out)
+        raise _Done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._layer, name)
+
+
 def tap_features(model: Any, tokens: np.ndarray, taps: tuple[int, ...]) -> mx.array:
     """(T, len(taps) * hidden) outputs of the tap layers over the whole sequence, one forward
     without a cache (the same values the adapter's chunked prefill and verify compute)."""
-    with tapped(model, taps) as sinks:
-        model(mx.array(tokens, dtype=mx.uint32)[None])
+    layers = layer_list(model)
+    last = max(taps)
+    deepest = layers[last]
+    with tapped(model, tuple(t for t in taps if t != last)) as inner:
+        sinks = [*inner[: taps.index(last)], [], *inner[taps.index(last) :]]
+        layers[last] = _LastTap(deepest, sinks[taps.index(last)])
+        try:
+            model(mx.array(tokens, dtype=mx.uint32)[None])
+        except _Done:
+            pass
+        finally:
+            layers[last] = deepest
     return mx.concatenate([s[-1][0] for s in sinks], axis=-1)
 
 
