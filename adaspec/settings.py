@@ -14,6 +14,7 @@ from .errors import SettingsError
 
 PREFIX = "ADASPEC_"
 GATE_CHOICES = ("both", "entropy", "commit", "off")
+ROLLBACK_CHOICES = ("auto", "delta", "layers", "refeed")
 
 
 def _default_cache() -> Path:
@@ -30,6 +31,8 @@ class Settings(BaseModel):
     blas: str = "auto"
     cache: Path = Field(default_factory=_default_cache)
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
+    # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
+    rollback: str = "auto"
     # PLD: n-gram sizes matched (longest first) and tokens proposed per step.
     pld_max_ngram: int = Field(3, ge=1, le=64)
     pld_min_ngram: int = Field(1, ge=1, le=64)
@@ -83,6 +86,14 @@ class Settings(BaseModel):
         v = v.strip().lower()
         if v not in GATE_CHOICES:
             raise ValueError(f"accepted: {', '.join(GATE_CHOICES)}")
+        return v
+
+    @field_validator("rollback")
+    @classmethod
+    def _rollback_choice(cls, v: str) -> str:
+        v = v.strip().lower()
+        if v not in ROLLBACK_CHOICES:
+            raise ValueError(f"accepted: {', '.join(ROLLBACK_CHOICES)}")
         return v
 
     def check(self) -> Settings:
