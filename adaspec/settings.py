@@ -14,7 +14,7 @@ from .errors import SettingsError
 
 PREFIX = "ADASPEC_"
 GATE_CHOICES = ("both", "entropy", "commit", "off")
-ROLLBACK_CHOICES = ("auto", "delta", "layers", "refeed")
+ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 
 
 def _default_cache() -> Path:

@@ -110,7 +110,7 @@ def test_make_target_picks_the_adapter_by_cache_type():
         assert isinstance(t, ReplayTarget) and t.rollback_kind == "replay"
         assert t.strategy.name == available(t)[0]
     assert available(make_target(MODELS["qwen3_5"])) == ("delta", "layers", "refeed")
-    assert available(make_target(MODELS["mamba2"])) == ("layers", "refeed")
+    assert available(make_target(MODELS["mamba2"])) == ("ssm", "layers", "refeed")
 
 
 @pytest.mark.parametrize("arch", HYBRIDS)
@@ -200,5 +200,7 @@ def test_cache_list_members_are_rolled_back_with_refeed():
 
 
 def test_unsupported_strategy_is_refused():
-    with pytest.raises(TargetError, match="'delta' is not available for 'mamba2'.*auto, layers"):
+    with pytest.raises(
+        TargetError, match="'delta' is not available for 'mamba2'.*auto, ssm, layers"
+    ):
         ReplayTarget(MODELS["mamba2"], strategy="delta")

@@ -1,8 +1,8 @@
 """Gated-delta replay: advance a Gated-DeltaNet state over recorded inputs, returning only the
 final state (rollback needs no outputs). Plain mlx ops everywhere; a Metal kernel on Apple GPUs.
 
-The recurrence per step t, per (head, value row): S <- g_t S; S <- S + k_t (beta_t (v_t - S k_t))^T,
-with S of shape (Dv, Dk), scalar gate g_t and write strength beta_t per head.
+The recurrence per step t and head: S_t = g_t S_{t-1} + u_t k_t^T with
+u_t = beta_t (v_t - g_t S_{t-1} k_t); S is (Dv, Dk), g_t and beta_t are scalars per head.
 """
 
 from __future__ import annotations
@@ -15,15 +15,18 @@ def _step(k: mx.array, v: mx.array, g: mx.array, beta: mx.array, s: mx.array) ->
     # s: (B, H, Dv, Dk); k: (B, H, Dk); v: (B, H, Dv); g, beta: (B, H)
     s = s * g[..., None, None]
     kv = (s * k[..., None, :]).sum(axis=-1)
-    delta = (v - kv) * beta[..., None]
-    return s + k[..., None, :] * delta[..., None]
+    u = (v - kv) * beta[..., None]
+    return s + k[..., None, :] * u[..., None]
 
 
 def replay_ops(k: mx.array, v: mx.array, g: mx.array, beta: mx.array, state: mx.array) -> mx.array:
-    """The state after feeding T steps, with plain ops (any device).
+    """The state after the T steps, with plain ops (any device), one fused step at a time.
 
-    k: (B, T, Hk, Dk); v: (B, T, Hv, Dv); g, beta: (B, T, Hv); state: (B, Hv, Dv, Dk) float32.
+    k: (B, T, Hk, Dk); v: (B, T, Hv, Dv); g, beta: (B, T, Hv); state: (B, Hv, Dv, Dk).
     (The queries are not needed: the state does not depend on them.)
+    A closed form (one triangular solve and a few batched matmuls for all T) was measured too:
+    ~3x faster with OpenBLAS at T=5, but ~7x slower with MKL, whose per-call cost on many tiny
+    matmuls dominates on a busy 2-core machine; the step loop needs no BLAS.
     """
     _check(k, v, g, beta, state)
     rep = v.shape[2] // k.shape[2]
