@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from strategies import prompts, step_program
 from tiny import VOCAB, ar_greedy
 from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
-from tiny_recurrent import HYBRIDS, tiny_hybrid
+from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 
 from adaspec.drafters.base import Draft
 from adaspec.policy import sampling
 from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, NeverSpeculate, decode
+from adaspec.targets.adapter import make_target
 from adaspec.targets.recurrent import ReplayTarget
 from adaspec.targets.rollback import available
 
@@ -41,6 +42,19 @@ def test_greedy_output_equals_ar_for_any_draft(plan, prompt, max_tokens, program
     assert out == ref
     assert dec.target.offset == len(prompt) + len(out) - 1
     assert drafter.tokens == prompt + out == dec.committed
+    assert dec.target.rebuilds == 0  # every rollback stayed within the last forward
+
+
+@pytest.mark.parametrize("arch", sorted(set(OTHER_CONFIGS) - {"recurrent_gemma"}))
+def test_other_architectures_decode_like_ar(arch):
+    model = tiny_other(arch)
+    prompt, n = [3, 1, 4, 1, 5], 16
+    ref = ar_greedy(model, prompt, n)
+    program = [("corrupt", 4, 1), ("oracle", 3, 0), ("random", 5, 2), ("empty", 0, 0)]
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    dec = Decoder(make_target(model), drafter, DecodeConfig(max_tokens=n))
+    assert [e.token for e in decode(dec, prompt)] == ref
+    assert dec.stats.drafted > dec.stats.accepted > 0
 
 
 class WrongFirst(ScriptedDrafter):
@@ -86,6 +100,7 @@ def test_consumer_stopping_early_leaves_caches_consistent(plan, prompt, program,
     assert got == ref[:stop_after]
     assert dec.committed == drafter.tokens == prompt + got
     assert dec.target.offset == len(prompt) + stop_after - 1
+    assert dec.target.rebuilds == 0
     new, *_ = dec.step(1)  # the cache is usable: the next plain step continues AR
     assert new == [ref[stop_after]]
 

@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from tiny import VOCAB, tiny_model
-from tiny_recurrent import HYBRIDS, tiny_hybrid
+from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 
 from adaspec.errors import TargetError
 from adaspec.targets.adapter import KVTarget, layer_list, make_target
 from adaspec.targets.recurrent import ReplayTarget
 from adaspec.targets.rollback import available
 
-MODELS = {arch: tiny_hybrid(arch) for arch in HYBRIDS}
+MODELS = {arch: tiny_hybrid(arch) for arch in (*HYBRIDS, "qwen3_5_moe")}
 PLANS = [(arch, s) for arch in HYBRIDS for s in available(ReplayTarget(MODELS[arch]))]
 tokens = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=10)
 
@@ -81,13 +81,14 @@ ReplayMachine.TestCase.settings = settings(max_examples=24, stateful_step_count=
 TestReplay = ReplayMachine.TestCase
 
 
-@pytest.mark.parametrize("arch", HYBRIDS)
+@pytest.mark.parametrize("arch", sorted(MODELS))
 @settings(max_examples=8)
 @given(prompt=tokens, steps=st.lists(st.tuples(tokens, st.integers(0, 10)), min_size=1, max_size=5))
 def test_strategies_agree(arch, prompt, steps):
     """Every strategy leaves the same recurrent state and the same next logits."""
     model = MODELS[arch]
     targets = [ReplayTarget(model, strategy=s) for s in available(ReplayTarget(model))]
+    assert len(targets) == 3
     for t in targets:
         t.prefill(prompt)
     for toks, keep in steps:
@@ -144,17 +145,35 @@ def test_deep_rollback_re_prefills_exactly():
     )
 
 
-def test_wrapped_rotating_cache_is_refused_naming_the_layer():
-    from mlx_lm.models.cache import RotatingKVCache
+@pytest.mark.parametrize("arch", sorted(set(OTHER_CONFIGS) - {"recurrent_gemma"}))
+def test_other_architectures_roll_back_exactly_with_refeed(arch):
+    """lfm2, falcon_h1 (CacheList members), jamba, nemotron_h: the generic strategy."""
+    model = tiny_other(arch)
+    t = make_target(model)
+    assert available(t) == ("refeed",)
+    rng = np.random.default_rng(1)
+    cached = rng.integers(0, VOCAB, 5).tolist()
+    t.prefill(cached)
+    for keep in (0, 2, 5, 3):
+        toks = rng.integers(0, VOCAB, 5).tolist()
+        t.forward(toks)
+        t.rollback(5 - keep)
+        cached += toks[:keep]
+    got = np.array(t.forward([7, 3]).logits)
+    np.testing.assert_allclose(got, fresh_logits(model, cached, [7, 3]), atol=1e-4, rtol=1e-4)
 
-    t = make_target(MODELS["qwen3_next"])
-    t.cache[1] = RotatingKVCache(max_size=4)
-    t._classify()
+
+def test_wrapped_rotating_cache_is_refused_naming_the_layer():
+    """recurrent_gemma's local attention keeps a rotating window of 8 positions: rollback works
+    until the window wraps, then it is refused (nothing is changed)."""
+    t = make_target(tiny_other("recurrent_gemma"))
     t.prefill([1, 2, 3])
-    t.forward([4, 5, 6])  # the window of 4 wraps
-    with pytest.raises(TargetError, match=r"cache layer 1 \(RotatingKVCache\).*wrapped"):
+    t.forward([4, 5, 6])
+    t.rollback(2)
+    t.forward([5, 6, 7, 8, 9, 10])  # 10 positions > 8: the window wraps
+    with pytest.raises(TargetError, match=r"cache layer 2 \(RotatingKVCache\).*wrapped"):
         t.rollback(2)
-    assert t.offset == 6  # nothing was changed
+    assert t.offset == 10
 
 
 def test_quantized_recurrent_state_is_refused_naming_the_layer():
