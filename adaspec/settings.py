@@ -8,7 +8,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .errors import SettingsError
 
@@ -80,20 +87,13 @@ class Settings(BaseModel):
             return v
         raise ValueError("accepted: auto, mkl, openblas, off, or a path to a BLAS shared library")
 
-    @field_validator("gate")
+    @field_validator("gate", "rollback")
     @classmethod
-    def _gate_choice(cls, v: str) -> str:
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES}[info.field_name]
         v = v.strip().lower()
-        if v not in GATE_CHOICES:
-            raise ValueError(f"accepted: {', '.join(GATE_CHOICES)}")
-        return v
-
-    @field_validator("rollback")
-    @classmethod
-    def _rollback_choice(cls, v: str) -> str:
-        v = v.strip().lower()
-        if v not in ROLLBACK_CHOICES:
-            raise ValueError(f"accepted: {', '.join(ROLLBACK_CHOICES)}")
+        if v not in choices:
+            raise ValueError(f"accepted: {', '.join(choices)}")
         return v
 
     def check(self) -> Settings:

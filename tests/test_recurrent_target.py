@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import initialize, rule
+from test_target_stateful import CacheMachine
 from tiny import VOCAB, tiny_model
 from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 
@@ -27,23 +28,20 @@ def fresh_logits(model, cached, probe):
     return np.array(t.forward(probe).logits)
 
 
-class ReplayMachine(RuleBasedStateMachine):
+class ReplayMachine(CacheMachine):
+    """The KV machine's rules and invariants (forward/accept, rollback of committed tokens,
+    logits vs a never-speculated cache) on recurrent targets, one per (arch, strategy)."""
+
     @initialize(
-        plan=st.sampled_from(PLANS), prompt=st.lists(st.integers(0, VOCAB - 1), max_size=16)
+        plan=st.sampled_from(PLANS),
+        prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=16),
     )
     def start(self, plan, prompt):
         arch, strategy = plan
         self.model = MODELS[arch]
         self.target = ReplayTarget(self.model, strategy=strategy, prefill_step=5)
         self.target.prefill(prompt)
-        self.cached = list(prompt)  # the list model: tokens in the cache
-
-    @rule(toks=tokens, data=st.data())
-    def verify_then_accept(self, toks, data):
-        self.target.forward(toks)
-        keep = data.draw(st.integers(0, len(toks)), label="keep")
-        self.target.rollback(len(toks) - keep)
-        self.cached += toks[:keep]
+        self.cached = list(prompt)
 
     @rule(toks=tokens, data=st.data())
     def verify_then_accept_in_two_rollbacks(self, toks, data):
@@ -54,27 +52,6 @@ class ReplayMachine(RuleBasedStateMachine):
         self.target.rollback(first)
         self.target.rollback(second)
         self.cached += toks[: len(toks) - first - second]
-
-    @rule(data=st.data())
-    def rollback_committed(self, data):
-        n = data.draw(st.integers(0, len(self.cached)), label="n")
-        self.target.rollback(n)
-        del self.cached[len(self.cached) - n :]
-
-    @invariant()
-    def offset_is_cached_length(self):
-        if hasattr(self, "target"):
-            assert self.target.offset == len(self.cached)
-
-    @invariant()
-    def logits_match_a_never_speculated_cache(self):
-        if not hasattr(self, "target"):
-            return
-        probe = [7, 3]
-        got = np.array(self.target.forward(probe).logits)
-        self.target.rollback(len(probe))
-        want = fresh_logits(self.model, self.cached, probe)
-        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
 ReplayMachine.TestCase.settings = settings(max_examples=24, stateful_step_count=6, deadline=None)
