@@ -5,6 +5,9 @@
         next to one plain target step and the verify forward it follows, interleaved
     python benchmarks/recurrent.py make DIR [--arch qwen3_5]
         write an mlx-lm folder (random weights + SmolLM2's tokenizer) for `adaspec bench`
+    python benchmarks/recurrent.py accept [--arch qwen3_5] [--draft 5] [--tokens 96]
+        decode speed vs mlx-lm AR when a drafter gets exactly `a` of `draft` tokens accepted
+        per step (drafts copied from AR's own output, wrong from position a on), per strategy
 
 Random weights: the text is meaningless, so acceptance rates say nothing about real models;
 the costs do (they depend on shapes only).
@@ -21,6 +24,8 @@ import os
 import shutil
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -113,10 +118,20 @@ def n_params(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.parameters()))
 
 
-def make_folder(arch: str, out: Path) -> None:
+def _smollm2_dir() -> Path:
     from adaspec.targets.loader import resolve
 
-    smol, _ = resolve("smollm2-135m")
+    return Path(resolve("smollm2-135m")[0])
+
+
+def smollm2_tokenizer():
+    from mlx_lm.utils import load_tokenizer
+
+    return load_tokenizer(_smollm2_dir())
+
+
+def make_folder(arch: str, out: Path) -> None:
+    smol = _smollm2_dir()
     out.mkdir(parents=True, exist_ok=True)
     for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         shutil.copy(Path(smol) / name, out / name)
@@ -132,8 +147,9 @@ def _eval_cache(target) -> None:
 
 
 def rollback_costs(arch: str, context: int, draft: int, reps: int) -> dict:
-    """Median ms: one plain step, the verify forward of draft+1 tokens (recording included),
-    and the rollback that keeps m of them, per strategy; rounds interleave everything."""
+    """ms (median and min per key): one plain step, the verify forward of draft+1 tokens
+    (recording included), and the rollback that keeps m of them, per strategy; rounds
+    interleave everything. The min is the least disturbed by other processes."""
     model = build(arch)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, VOCAB, context).tolist()
@@ -144,26 +160,34 @@ def rollback_costs(arch: str, context: int, draft: int, reps: int) -> dict:
     keeps = (1, (draft + 1) // 2, draft)
     times: dict[str, list[float]] = {}
 
-    def clock(key: str, fn) -> None:
+    @contextmanager
+    def clock(key: str) -> Iterator[None]:
         t0 = time.perf_counter()
-        fn()
+        yield
         times.setdefault(key, []).append(1e3 * (time.perf_counter() - t0))
 
     for rnd in range(reps + 2):  # the first two rounds warm up (compiles) and are dropped
         for s, t in targets.items():
             step = rng.integers(0, VOCAB, 1).tolist()
-            clock(f"{s} step 1", lambda: mx.eval(t.forward(step).logits) or _eval_cache(t))
+            with clock(f"{s} step 1"):
+                mx.eval(t.forward(step).logits)
+                _eval_cache(t)
             t.rollback(1)
             for m in keeps:
                 toks = rng.integers(0, VOCAB, draft + 1).tolist()
-                clock(f"{s} verify {draft + 1}", lambda: mx.eval(t.forward(toks).logits))
+                with clock(f"{s} verify {draft + 1}"):
+                    mx.eval(t.forward(toks).logits)
                 _eval_cache(t)
-                clock(f"{s} rollback keep {m}", lambda: t.rollback(draft + 1 - m) or _eval_cache(t))
-                if m:
-                    t.rollback(m)  # back to the prompt (within the same forward: cheap)
+                with clock(f"{s} rollback keep {m}"):
+                    t.rollback(draft + 1 - m)
+                    _eval_cache(t)
+                t.rollback(m)  # back to the prompt (within the same forward: cheap)
         if rnd == 1:
             times.clear()
-    return {k: statistics.median(v) for k, v in times.items()} | {
+    return {
+        stat: {k: f(v) for k, v in times.items()}
+        for stat, f in (("median", statistics.median), ("min", min))
+    } | {
         "params_m": n_params(model) / 1e6,
         "strategies": strategies,
         "keeps": keeps,
@@ -177,17 +201,93 @@ def report_rollback(arch: str, args: argparse.Namespace) -> None:
         f"\n### {arch}, random weights, {r['params_m']:.0f}M params, context {args.context}, "
         f"draft {args.draft}, fp32, BLAS {st.kind if st else '?'}, load {os.getloadavg()[0]:.2f}"
     )
-    step = statistics.median([r[f"{s} step 1"] for s in r["strategies"]])
     head = [f"keep {m}" for m in r["keeps"]]
-    print(f"\none plain step: {step:.1f} ms (median over strategies' targets)\n")
-    print(f"| strategy | verify {args.draft + 1} ms | " + " | ".join(head) + " |")
-    print("|---|---|" + "---|" * len(head))
-    for s in r["strategies"]:
-        cells = [
-            f"{r[f'{s} rollback keep {m}']:.2f} ms ({r[f'{s} rollback keep {m}'] / step:.2f} step)"
-            for m in r["keeps"]
-        ]
-        print(f"| {s} | {r[f'{s} verify {args.draft + 1}']:.1f} | " + " | ".join(cells) + " |")
+    for stat in ("min", "median"):
+        t = r[stat]
+        step = statistics.median([t[f"{s} step 1"] for s in r["strategies"]])
+        print(f"\n{stat} of {args.reps}: one plain step {step:.1f} ms\n")
+        print(f"| strategy | verify {args.draft + 1} | " + " | ".join(head) + " |")
+        print("|---|---|" + "---|" * len(head))
+        for s in r["strategies"]:
+            verify = t[f"{s} verify {args.draft + 1}"]
+            cells = [_cost(t[f"{s} rollback keep {m}"], step) for m in r["keeps"]]
+            print(f"| {s} | {_cost(verify, step)} | " + " | ".join(cells) + " |")
+
+
+def _cost(ms: float, step: float) -> str:
+    return f"{ms:.1f} ms = {ms / step:.2f} steps"
+
+
+class ControlledDrafter:
+    """Proposes the AR continuation with its token at position `accept` altered, so every
+    verify accepts exactly `accept` tokens (the gate is off: every step speculates)."""
+
+    name = "controlled"
+    needs_taps: tuple[int, ...] = ()
+    cheap_draft = False
+    vocab_size = None
+
+    def __init__(self, reference: list[int], n_prompt: int, draft: int, accept: int):
+        self.reference, self.n_prompt, self.k, self.accept = reference, n_prompt, draft, accept
+        self.done = 0
+
+    def prefill(self, prompt_tokens, ctx) -> None:
+        self.done = 0
+
+    def draft(self, ctx):
+        from adaspec.drafters.base import Draft
+
+        toks = list(self.reference[self.done : self.done + min(self.k, ctx.max_draft)])
+        if self.accept < len(toks):
+            toks[self.accept] = (toks[self.accept] + 1) % VOCAB
+        return Draft(tuple(toks))
+
+    def advance(self, committed_tokens, ctx) -> None:
+        self.done += len(committed_tokens)
+
+    def rollback(self, n: int) -> None:
+        self.done -= n
+
+
+def accept_speed(arch: str, draft: int, n_tokens: int, reps: int) -> None:
+    """Decode-rate ratio to mlx-lm AR at controlled acceptance, per rollback strategy."""
+    import mlx_lm
+
+    from adaspec.api import stream_generate
+    from adaspec.bench import timed
+    from adaspec.policy.controller import AlwaysSpeculate
+    from adaspec.settings import from_env
+
+    model, tok = build(arch), smollm2_tokenizer()
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, VOCAB, 256).tolist()
+    ref = [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=n_tokens)]
+    strategies = available(ReplayTarget(model))
+    print(f"\n### {arch}: decode speed vs AR at exactly `a` of {draft} drafted tokens accepted")
+    load = os.getloadavg()[0]
+    print(f"{n_tokens} tokens after a 256-token prompt, median of {reps}, load {load:.2f}\n")
+    print("| a (tau = a+1) | " + " | ".join(strategies) + " |")
+    print("|---|" + "---|" * len(strategies))
+    for a in (0, 1, 3, draft):
+        ratios: dict[str, list[float]] = {s: [] for s in strategies}
+        for _ in range(reps):
+            for s in strategies:  # AR, strategy, AR, strategy, ... interleaved
+                ar = timed(mlx_lm.stream_generate(model, tok, prompt, max_tokens=n_tokens))
+                spec = timed(
+                    stream_generate(
+                        model,
+                        tok,
+                        prompt,
+                        drafter=ControlledDrafter(ref, len(prompt), draft, a),
+                        max_tokens=n_tokens,
+                        policy=AlwaysSpeculate(),
+                        settings=from_env({}, rollback=s),
+                    )
+                )
+                assert spec.tokens == ar.tokens == ref, "output differs from AR"
+                ratios[s].append(spec.decode_tok_s / ar.decode_tok_s)
+        cells = [f"{statistics.median(ratios[s]):.2f}x" for s in strategies]
+        print(f"| {a} ({a + 1}) | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -198,12 +298,20 @@ def main() -> None:
     rb.add_argument("--context", type=int, default=512)
     rb.add_argument("--draft", type=int, default=5)
     rb.add_argument("--reps", type=int, default=15)
+    ac = sub.add_parser("accept")
+    ac.add_argument("--arch", default="qwen3_5", choices=list(CONFIGS))
+    ac.add_argument("--draft", type=int, default=5)
+    ac.add_argument("--tokens", type=int, default=96)
+    ac.add_argument("--reps", type=int, default=3)
     mk = sub.add_parser("make")
     mk.add_argument("dir", type=Path)
     mk.add_argument("--arch", default="qwen3_5", choices=list(CONFIGS))
     args = ap.parse_args()
     if args.cmd == "make":
         make_folder(args.arch, args.dir)
+        return
+    if args.cmd == "accept":
+        accept_speed(args.arch, args.draft, args.tokens, args.reps)
         return
     for arch in args.arch:
         report_rollback(arch, args)

@@ -115,8 +115,9 @@ def _qkv(mixer: Any, conv_out: mx.array) -> tuple[mx.array, mx.array, mx.array]:
 
 
 class SsmReplay(Recorded):
-    """(b) for Mamba2: replay the selective-state-space update over the accepted steps, with
-    the L layers' H heads (and G groups) side by side as L*H heads (L*G groups)."""
+    """(b) for Mamba2: the selective-state-space update over the accepted steps in closed form,
+    S_m = exp(sum_t dt_t A) S_0 + sum_t exp(sum_{s>t} dt_s A) dt_t x_t B_t^T, with one matmul
+    per layer and group (the heads of a group share B) instead of one per head."""
 
     name = "ssm"
 
@@ -125,36 +126,27 @@ class SsmReplay(Recorded):
         super().__init__(target, [[(x, "in_proj"), (x, "conv1d")] for x in self.mixers])
 
     def replay(self, pending: Pending, m: int) -> None:
-        from mlx_lm.models.ssm import ssm_update
+        from mlx_lm.models.ssm import compute_dt
 
         mx0 = self.mixers[0]
         n, H, P = len(self.mixers), mx0.num_heads, mx0.head_dim
         G, N, inner = mx0.n_groups, mx0.ssm_state_size, mx0.intermediate_size
-        steps = slice(0, m)
-        dt = mx.concatenate(
-            [out[:, steps, inner + mx0.conv_dim :] for _, out in self.calls(pending, 0)], axis=-1
+        raw = self.stacked(pending, 0, slice(0, m))[..., inner + mx0.conv_dim :]  # (n, m, H)
+        dt = compute_dt(
+            raw, mx.stack([x.dt_bias for x in self.mixers])[:, None], mx0.time_step_limit
         )
-        conv = nn.silu(self.stacked(pending, 1, steps))  # (n, m, conv_dim)
-
-        def heads(x: mx.array, k: int, d: int) -> mx.array:  # (n, m, k*d) -> (1, m, n*k, d)
-            return x.reshape(n, m, k, d).transpose(1, 0, 2, 3).reshape(1, m, n * k, d)
-
-        x = heads(conv[..., :inner], H, P)
-        B = heads(conv[..., inner : inner + G * N], G, N)
-        C = heads(conv[..., inner + G * N :], G, N)
-        per_layer = [c.cache[1] for _, c in self.target.recurrent]
+        A = -mx.exp(mx.stack([x.A_log for x in self.mixers])[:, None]).astype(dt.dtype)
+        logdecay = mx.cumsum(dt * A, axis=1)  # (n, m, H)
+        weight = dt * mx.exp(logdecay[:, -1:] - logdecay)  # dt_t exp(sum_{s>t} dt_s A)
+        conv = nn.silu(self.stacked(pending, 1, slice(0, m)))  # (n, m, conv_dim)
+        x = conv[..., :inner].reshape(n, m, H, P) * weight[..., None]
+        x = x.reshape(n, m, G, (H // G) * P).transpose(0, 2, 3, 1)  # (n, G, H/G*P, m)
+        B = conv[..., inner : inner + G * N].reshape(n, m, G, N).transpose(0, 2, 1, 3)
         zero = mx.zeros((1, H, P, N))
-        _, state = ssm_update(
-            x,
-            mx.concatenate([x.A_log for x in self.mixers]),
-            B,
-            C,
-            mx.concatenate([x.D for x in self.mixers]),
-            dt,
-            mx.concatenate([x.dt_bias for x in self.mixers]),
-            mx.concatenate([s if s is not None else zero for s in per_layer], axis=1),
-            mx0.time_step_limit,
+        state = mx.concatenate(
+            [c.cache[1] if c.cache[1] is not None else zero for _, c in self.target.recurrent]
         )
+        new = mx.exp(logdecay[:, -1])[..., None, None] * state + (x @ B).reshape(n, H, P, N)
         for j, (_, c) in enumerate(self.target.recurrent):
-            c.cache[1] = state[:, j * H : (j + 1) * H]
+            c.cache[1] = new[j : j + 1]
         _conv_states(self, pending, 1, m, mx0.conv_kernel_size - 1)
