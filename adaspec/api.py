@@ -137,7 +137,9 @@ def stream_generate(
     settings = settings or settings_mod.get()
     tokenizer = _wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
-    target = make_target(model, tokenizer, prefill_step=settings.prefill_step)
+    target = make_target(
+        model, tokenizer, prefill_step=settings.prefill_step, rollback=settings.rollback
+    )
     params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(
         target.info.vocab_size
     )

@@ -8,12 +8,20 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from .errors import SettingsError
 
 PREFIX = "ADASPEC_"
 GATE_CHOICES = ("both", "entropy", "commit", "off")
+ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 
 
 def _default_cache() -> Path:
@@ -30,6 +38,8 @@ class Settings(BaseModel):
     blas: str = "auto"
     cache: Path = Field(default_factory=_default_cache)
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
+    # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
+    rollback: str = "auto"
     # PLD: n-gram sizes matched (longest first) and tokens proposed per step.
     pld_max_ngram: int = Field(3, ge=1, le=64)
     pld_min_ngram: int = Field(1, ge=1, le=64)
@@ -77,12 +87,13 @@ class Settings(BaseModel):
             return v
         raise ValueError("accepted: auto, mkl, openblas, off, or a path to a BLAS shared library")
 
-    @field_validator("gate")
+    @field_validator("gate", "rollback")
     @classmethod
-    def _gate_choice(cls, v: str) -> str:
+    def _choice(cls, v: str, info: ValidationInfo) -> str:
+        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES}[info.field_name]
         v = v.strip().lower()
-        if v not in GATE_CHOICES:
-            raise ValueError(f"accepted: {', '.join(GATE_CHOICES)}")
+        if v not in choices:
+            raise ValueError(f"accepted: {', '.join(choices)}")
         return v
 
     def check(self) -> Settings:

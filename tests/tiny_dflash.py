@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten, tree_map
 from adaspec.drafters.base import DraftContext
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_model import DFlashConfig, DFlashModel
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.adapter import make_target, target_info
 
 
 def tiny_config(info, *, layers=2, block=8, taps=(0, 1), **over) -> DFlashConfig:
@@ -69,7 +69,7 @@ def ctx(tokens, features=None, max_draft=64, temperature=0.0, rng=None) -> Draft
 def assert_context_matches_fresh_prefill(target, d: DFlashDrafter, committed) -> None:
     """The context a drafter built step by step from verify features equals the one prefilled
     from the target's own tap features of the committed sequence."""
-    feats = KVTarget(target).prefill(committed[:-1], d.needs_taps)
+    feats = make_target(target).prefill(committed[:-1], d.needs_taps)
     fresh = DFlashDrafter(d.model, target_info(target), block=d.block, window=d.window, sink=d.sink)
     fresh.prefill(committed, ctx(committed, np.array(feats)))
     np.testing.assert_allclose(

@@ -79,35 +79,41 @@ def target_info(model: Any, tokenizer: Any = None) -> TargetInfo:
     )
 
 
-class _Tap:
-    """Stands in for one decoder layer and records its output hidden state."""
+class Spy:
+    """Stands in for a module and records each call's positional arguments and output."""
 
-    def __init__(self, layer: Any, sink: list[mx.array]):
-        self._layer = layer
-        self._sink = sink
+    def __init__(self, module: Any):
+        self.module = module
+        self.calls: list[tuple[tuple, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._layer(*args, **kwargs)
-        self._sink.append(out[0] if isinstance(out, tuple) else out)
+        out = self.module(*args, **kwargs)
+        self.calls.append((args, out))
         return out
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._layer, name)
+        return getattr(self.module, name)
 
 
 @contextmanager
-def tapped(model: Any, layer_ids: tuple[int, ...]) -> Iterator[list[list[mx.array]]]:
-    """Record the outputs of decoder layers `layer_ids` for the calls made inside the block."""
-    layers = layer_list(model)
-    sinks: list[list[mx.array]] = [[] for _ in layer_ids]
-    originals = {i: layers[i] for i in layer_ids}
+def spying(slots: Sequence[tuple[Any, Any]]) -> Iterator[list[Spy]]:
+    """Inside the block, `container[key]` is a Spy for each (container, key) in `slots`
+    (a layer list and an index, or an nn.Module and a child's name); restored in `finally`."""
+    originals = [(c, k, c[k]) for c, k in slots]
+    spies = [Spy(o) for _, _, o in originals]
     try:
-        for sink, i in zip(sinks, layer_ids):
-            layers[i] = _Tap(originals[i], sink)
-        yield sinks
+        for (c, k, _), spy in zip(originals, spies):
+            c[k] = spy
+        yield spies
     finally:
-        for i, layer in originals.items():
-            layers[i] = layer
+        for c, k, o in reversed(originals):
+            c[k] = o
+
+
+def layer_output(spy: Spy) -> mx.array:
+    """The hidden state a spied decoder layer returned on its last call (batch row 0)."""
+    out = spy.calls[-1][1]
+    return (out[0] if isinstance(out, tuple) else out)[0]
 
 
 def _check_taps(info: TargetInfo, taps: tuple[int, ...]) -> None:
@@ -118,10 +124,8 @@ def _check_taps(info: TargetInfo, taps: tuple[int, ...]) -> None:
         )
 
 
-class KVTarget:
-    """Adapter for targets whose every cache layer can be trimmed (attention KV caches)."""
-
-    rollback_kind = "trim"
+class CacheTarget:
+    """What both adapters share: the mlx-lm cache, the tapped forward and chunked prefill."""
 
     def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
         from mlx_lm.models.cache import make_prompt_cache
@@ -131,14 +135,6 @@ class KVTarget:
         self.cache = make_prompt_cache(model)
         self.prefill_step = prefill_step
         self._offset = 0
-        bad = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
-        if bad:
-            raise TargetError(
-                f"{type(model).__name__} has cache layers that cannot be trimmed "
-                f"({', '.join(bad)}); "
-                "accepted here: models whose caches are all trimmable (KVCache, ...); "
-                "recurrent targets need the replay adapter"
-            )
 
     @property
     def offset(self) -> int:
@@ -152,9 +148,10 @@ class KVTarget:
         x = x.astype(mx.uint32)[None]
         if not taps:
             return self.model(x, cache=self.cache)[0], []
-        with tapped(self.model, taps) as sinks:
+        layers = layer_list(self.model)
+        with spying([(layers, i) for i in taps]) as spies:
             logits = self.model(x, cache=self.cache)[0]
-        return logits, [s[-1][0] for s in sinks]
+        return logits, [layer_output(s) for s in spies]
 
     def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None:
         """Feed `tokens` in chunks; returns their tap features (or None without taps)."""
@@ -180,6 +177,24 @@ class KVTarget:
         feats = mx.concatenate(hs, axis=-1) if taps else None
         return Forward(logits.astype(mx.float32), feats)
 
+
+class KVTarget(CacheTarget):
+    """Adapter for targets whose every cache layer can be trimmed (attention KV caches)."""
+
+    rollback_kind = "trim"
+
+    def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
+        super().__init__(model, tokenizer, prefill_step=prefill_step)
+        bad = [
+            f"{i} ({type(c).__name__})" for i, c in enumerate(self.cache) if not c.is_trimmable()
+        ]
+        if bad:
+            raise TargetError(
+                f"{type(model).__name__} has cache layers that cannot be trimmed: "
+                f"{', '.join(bad)}; accepted here: models whose caches are all trimmable "
+                "(KVCache, ...); recurrent targets (ArraysCache) go through make_target"
+            )
+
     def rollback(self, n: int) -> None:
         if n < 0 or n > self._offset:
             raise TargetError(f"rollback({n}) is out of range; accepted: 0..{self._offset}")
@@ -195,6 +210,15 @@ class KVTarget:
         self._offset -= n
 
 
-def make_target(model: Any, tokenizer: Any = None, *, prefill_step: int = 2048) -> Target:
-    """Pick the adapter for `model` from its cache types."""
+def make_target(
+    model: Any, tokenizer: Any = None, *, prefill_step: int = 2048, rollback: str = "auto"
+) -> Target:
+    """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
+    recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .recurrent import ReplayTarget, has_recurrent_state
+
+    if has_recurrent_state(make_prompt_cache(model)):
+        return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
     return KVTarget(model, tokenizer, prefill_step=prefill_step)
