@@ -11,6 +11,8 @@ import numpy as np
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from ..policy.sampling import SamplingParams
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -50,6 +52,8 @@ class DraftContext:
       is the position whose logits predicted committed_tokens[i].
     temperature: 0 means greedy; stochastic drafters sample (and return q) only when > 0.
     rng: the generation's random source, so a fixed seed reproduces the text.
+    sampling: the target's sampler knobs (temperature, top-p, min-p, top-k), so a drafter can
+      filter q the way the target's p is filtered; None means temperature only.
     """
 
     tokens: Sequence[int]
@@ -57,6 +61,7 @@ class DraftContext:
     features: mx.array | None = None
     temperature: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    sampling: SamplingParams | None = None
 
 
 @runtime_checkable

@@ -154,6 +154,7 @@ class Decoder:
             features=features,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
+            sampling=self.cfg.sampling,
         )
 
     def prefill(self, prompt: Sequence[int]) -> None:
