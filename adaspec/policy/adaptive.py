@@ -112,7 +112,12 @@ class GatedPolicy:
         self.clock.observe(step)
         if self.cfg.length is not None:
             self.length = draft_length.observe(
-                self.cfg.length, self.length, step.drafted, step.accepted, step.total_s
+                self.cfg.length,
+                self.length,
+                step.drafted,
+                step.accepted,
+                step.total_s,
+                step.draft_s,
             )
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
