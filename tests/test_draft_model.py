@@ -13,7 +13,7 @@ from strategies import prompts
 from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
 from adaspec.drafters import registry
-from adaspec.drafters.base import Draft, DraftContext, DraftModel
+from adaspec.drafters.base import DraftContext, DraftModel
 from adaspec.drafters.draft_model import DraftLM
 from adaspec.errors import DrafterError, DrafterMismatchError
 from adaspec.policy import sampling
@@ -192,8 +192,11 @@ def test_without_tokenizers_the_row_counts_must_match():
 def test_registry_loads_a_model_folder(tmp_path):
     folder = save_tiny(DRAFTS["qwen3", 300], TOK, tmp_path / "draft")
     s = from_env({}, cache=str(tmp_path / "cache"))
-    d = registry.make(f"draft-model:{folder},min_p1=0.2", target_info(TARGETS["qwen3"], TOK), s)
-    assert isinstance(d, DraftLM) and d.min_p1 == 0.2 and d.n_ids == VOCAB
+    info = target_info(TARGETS["qwen3"], TOK)
+    d = registry.make(f"draft-model:{folder},min_p1=0.2,q=0", info, s)
+    assert isinstance(d, DraftLM) and d.min_p1 == 0.2 and d.n_ids == VOCAB and not d.send_q
+    d.prefill([1, 2], ctx([1, 2]))
+    assert d.draft(ctx([1, 2], 3, sampling.SamplingParams(temp=1.0))).probs is None
     with pytest.raises(DrafterError, match="draft-model needs a model"):
         registry.make("draft-model", target_info(TARGETS["qwen3"], TOK), s)
 
@@ -204,21 +207,6 @@ V = 8
 PROMPT = [1, 2, 3]
 S_TARGET = tiny_model("llama", vocab=V, seed=3, scale=0.5)
 S_DRAFT = tiny_model("llama", vocab=V, seed=4, scale=0.5, layers=1)
-
-
-class WithoutQ:
-    """The same sampled drafts with q dropped: the controller falls back to sample-and-match."""
-
-    def __init__(self, inner: DraftLM):
-        self.inner = inner
-        self.name, self.needs_taps, self.vocab_size = "no-q", (), inner.vocab_size
-        self.cheap_draft = False
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
-
-    def draft(self, c: DraftContext) -> Draft:
-        return Draft(self.inner.draft(c).tokens)
 
 
 def run_many(make, params, n, max_tokens=2, k=2):
@@ -265,5 +253,5 @@ def test_rejection_sampling_accepts_more_than_sample_and_match():
     params = sampling.SamplingParams(temp=0.7)
     info = target_info(S_TARGET)
     _, rs = run_many(lambda: DraftLM(S_DRAFT, None, info), params, 300)
-    _, sm = run_many(lambda: WithoutQ(DraftLM(S_DRAFT, None, info)), params, 300)
+    _, sm = run_many(lambda: DraftLM(S_DRAFT, None, info, send_q=False), params, 300)
     assert rs > sm + 0.2, (rs, sm)

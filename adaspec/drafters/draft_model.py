@@ -1,9 +1,11 @@
 """Draft-model drafter: a small LM sharing the target's tokenizer drafts token by token from its
 own KV cache, which is trimmed back to the committed prefix before each draft.
 
-Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F]`` -- an mlx-lm folder, a .gguf file or a
-catalogue name (loaded once per process and shared); min_p1 stops a draft at the first token
-whose draft probability is below F. "Same vocabulary" is defined in docs/drafters.md.
+Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0]`` -- an mlx-lm folder, a .gguf file
+or a catalogue name (loaded once per process and shared); min_p1 stops a draft at the first token
+whose draft probability is below F; q=0 withholds the draft probabilities, so sampled drafts are
+verified by sample-and-match instead of rejection sampling (for comparisons). "Same vocabulary"
+is defined in docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .base import Draft, DraftContext, TargetInfo
 
 log = logging.getLogger(__name__)
 
-ARG_KEYS: dict[str, type] = {"min_p1": float}
+ARG_KEYS: dict[str, type] = {"min_p1": float, "q": int}
 
 
 def _vocab(tokenizer: Any) -> dict[str, int] | None:
@@ -78,6 +80,7 @@ class DraftLM:
         *,
         min_p1: float = 0.0,
         prefill_step: int = 2048,
+        send_q: bool = True,
     ):
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
@@ -88,6 +91,7 @@ class DraftLM:
         if not 0 <= min_p1 < 1:
             raise DrafterError(f"draft-model min_p1={min_p1} is invalid; accepted: 0 <= F < 1")
         self.model, self.min_p1, self.prefill_step = model, min_p1, prefill_step
+        self.send_q = send_q
         self.vocab_size = target.vocab_size  # q rows have the target's width
         self.n_ids = min(info.vocab_size, target.vocab_size)
         self._make_cache = make_prompt_cache
@@ -173,7 +177,7 @@ class DraftLM:
             draft = Draft(toks)
         else:
             toks, q, fed = self._sampled(feed, k, params, ctx.rng)
-            draft = Draft(toks, q)
+            draft = Draft(toks, q if self.send_q else None)
         self.cached += toks[:fed]
         return draft
 
@@ -240,7 +244,7 @@ def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DraftLM:
     path, kw = split_arg(arg, ARG_KEYS, "draft-model")
     if not path:
         raise DrafterError(
-            "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F]; accepted: an "
+            "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
     model, tokenizer = load_shared(path, settings)
@@ -250,4 +254,5 @@ def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DraftLM:
         info,
         min_p1=kw.get("min_p1", settings.draft_model_min_p1),
         prefill_step=settings.prefill_step,
+        send_q=bool(kw.get("q", 1)),
     )
