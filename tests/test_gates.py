@@ -218,3 +218,16 @@ def test_a_strong_candidate_lifts_the_floor_into_a_probe():
     off = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
     drive(off, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert not off.lift() and off.floor.floored
+
+
+def test_ar_clock_reads_the_median_of_recent_plain_steps():
+    """A pipelined burst's last step reads short (its forward mostly ran during the step
+    before); one such step must not become t_ar."""
+    from adaspec.policy.adaptive import ArClock
+
+    clock = ArClock()
+    for i, t in enumerate([0.9, 0.35, 0.2, 0.2, 0.2, 0.06]):  # cold first, long, steady, short
+        clock.observe(StepStats(0, 0, 1, False, 0.0, t, 0.0, 100 + i))
+    assert clock.t_ar == 0.2 and clock.context == 105
+    clock.observe(StepStats(3, 3, 4, True, 0.1, 0.5, 0.0, 110))  # speculative: ignored
+    assert clock.t_ar == 0.2 and clock.context == 105

@@ -4,6 +4,7 @@ and the plain-step time (t_ar) the commit gate is calibrated against."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from ..settings import Settings
@@ -51,18 +52,23 @@ class PolicyConfig:
 
 @dataclass
 class ArClock:
-    """The latest warm plain-step time and the context length it was measured at."""
+    """The warm plain-step time and the context length it was measured at. t_ar is the median
+    of the latest three plain steps: pipelined plain steps overlap (mlx runs part of a queued
+    forward before returning), so the first and last step of a burst read long and short by
+    most of a step."""
 
     t_ar: float = math.nan
     context: int = 0
     plain_seen: int = 0
+    recent: tuple[float, ...] = ()
 
     def observe(self, step: StepStats) -> None:
         if step.speculative:
             return
         self.plain_seen += 1
         if self.plain_seen > 1:  # the first plain step of a generation runs cold
-            self.t_ar, self.context = step.total_s, step.context
+            self.recent = (*self.recent[-2:], step.total_s)
+            self.t_ar, self.context = statistics.median(self.recent), step.context
 
     def stale(self, context: int, refresh: float) -> bool:
         return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
