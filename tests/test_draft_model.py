@@ -134,6 +134,13 @@ class CacheMachine(RuleBasedStateMachine):
         self.d.rollback(n)
         del self.tokens[len(self.tokens) - n :]
 
+    @precondition(lambda self: hasattr(self, "tokens") and len(self.tokens) < 120)
+    @rule(new=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9))
+    def commit_without_drafting(self, new):
+        """Floored steps: committed tokens the drafter never drafted (caught up later)."""
+        self.d.advance(new, ctx(self.tokens + new))
+        self.tokens += new
+
     @invariant()
     def same_view_and_logits_as_a_fresh_prefill(self):
         if not hasattr(self, "tokens"):
@@ -149,6 +156,18 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(max_examples=12, stateful_step_count=10)
 TestCacheMachine = CacheMachine.TestCase
+
+
+def test_catch_up_after_a_floor_is_reported_as_setup():
+    target = TARGETS["llama"]
+    d = drafter(DRAFTS["llama", VOCAB], target)
+    d.prefill([1, 2, 3], ctx([1, 2, 3]))
+    assert d.draft(ctx(d.tokens, 2)).setup_s == 0.0
+    d.advance([4, 5, 6, 7, 8, 9], ctx(d.tokens))
+    caught_up = d.draft(ctx(d.tokens, 2))
+    fresh = drafter(DRAFTS["llama", VOCAB], target)
+    fresh.prefill(d.tokens, ctx(d.tokens))
+    assert caught_up.setup_s > 0 and caught_up.tokens == fresh.draft(ctx(d.tokens, 2)).tokens
 
 
 def test_rollback_out_of_range_and_draft_before_prefill():

@@ -26,6 +26,10 @@ class Draft:
     tokens: tuple[int, ...] = ()
     probs: np.ndarray | None = None
     strong: bool = False  # the drafter is confident (e.g. a long exact match): may lift a floor
+    # seconds of one-time work inside draft() that the next step will not repeat (a draft model
+    # catching up on tokens committed while floored): counted in the stats, not held against
+    # speculation by the gates and the draft-length rule
+    setup_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))

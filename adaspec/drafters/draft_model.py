@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from .base import Draft, DraftContext, TargetInfo
 log = logging.getLogger(__name__)
 
 ARG_KEYS: dict[str, type] = {"min_p1": float, "q": int}
+# more pending tokens than this (committed while floored) are fed before drafting, timed apart
+CATCH_UP = 4
 
 
 def _vocab(tokenizer: Any) -> dict[str, int] | None:
@@ -112,10 +115,7 @@ class DraftLM:
         self.cache, self.cached, self._synced = self._make_cache(self.model), [], 0
         head = self.tokens[:-1]
         for start in range(0, len(head), self.prefill_step):
-            chunk = head[start : start + self.prefill_step]
-            self.model(mx.array(chunk, dtype=mx.uint32)[None], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            self.cached += chunk
+            self._catch_up(head[start : start + self.prefill_step])
         self._synced = len(self.cached)
 
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
@@ -171,15 +171,25 @@ class DraftLM:
 
             params = SamplingParams(temp=ctx.temperature)
         feed = self._pending()
+        setup_s = self._catch_up(feed[:-1]) if len(feed) > CATCH_UP else 0.0
+        feed = feed[-1:] if setup_s else feed
         self.cached += feed
         if params is None or params.greedy:
             toks, fed = self._greedy(feed, k)
-            draft = Draft(toks)
+            q = None
         else:
             toks, q, fed = self._sampled(feed, k, params, ctx.rng)
-            draft = Draft(toks, q if self.send_q else None)
         self.cached += toks[:fed]
-        return draft
+        return Draft(toks, q if self.send_q else None, setup_s=setup_s)
+
+    def _catch_up(self, tokens: list[int]) -> float:
+        """Feed tokens committed while no draft was asked for (a floor); returns its seconds,
+        which the policy does not hold against speculating (Draft.setup_s)."""
+        t0 = time.perf_counter()
+        self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=self.cache)
+        mx.eval([c.state for c in self.cache])  # the logits are never read, so never computed
+        self.cached += tokens
+        return max(time.perf_counter() - t0, 1e-9)
 
     def _greedy(self, feed: list[int], k: int) -> tuple[list[int], int]:
         """Argmax chain; lazy (one sync at the end) unless min_p1 needs each probability.

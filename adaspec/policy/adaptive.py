@@ -122,8 +122,8 @@ class GatedPolicy:
                 self.length,
                 step.drafted,
                 step.accepted,
-                step.total_s,
-                step.draft_s,
+                step.judged_s,
+                step.draft_s - step.setup_s,
             )
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
@@ -135,10 +135,10 @@ class GatedPolicy:
         if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
             if self.floor.probing and self.floor.probe_steps == 0:
                 fire |= gates.probe_lost(
-                    self.cfg.commit, step.committed, step.total_s, self.clock.t_ar
+                    self.cfg.commit, step.committed, step.judged_s, self.clock.t_ar
                 )
             self.commit, f = gates.commit_step(
-                self.cfg.commit, self.commit, step.committed, step.total_s, self.clock.t_ar
+                self.cfg.commit, self.commit, step.committed, step.judged_s, self.clock.t_ar
             )
             fire |= f
         if fire:
