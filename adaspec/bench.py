@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bench_peer import PeerConfig, peer_block, peer_fields, sampler, setup_peer
 from .errors import GenerationArgumentError
 from .prompting import prompt_ids
 
@@ -85,17 +86,23 @@ def _median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else 0.0
 
 
+Runner = Callable[[list[int], int], Run]
+
+
 def bench_prompt(
     prompt: Prompt,
-    run_ar: Callable[[list[int], int], Run],
-    run_spec: Callable[[list[int], int], Run],
+    runners: dict[str, Runner],
     ids: list[int],
     repeats: int,
+    peer_k: int = 0,
 ) -> dict:
-    ar, spec = [], []
-    for _ in range(repeats):  # interleaved A B A B so drift hits both alike
-        ar.append(run_ar(ids, prompt.max_tokens))
-        spec.append(run_spec(ids, prompt.max_tokens))
+    """Time every runner ("ar", "spec", optionally "peer") on one prompt, interleaved A B C A B C
+    so drift hits all alike; medians over the repeats."""
+    runs: dict[str, list[Run]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            runs[name].append(run(ids, prompt.max_tokens))
+    ar, spec = runs["ar"], runs["spec"]
     ar_tps = _median([r.decode_tok_s for r in ar])
     sp_tps = _median([r.decode_tok_s for r in spec])
     ar_e2e = _median([len(r.tokens) / r.e2e_s for r in ar])
@@ -103,7 +110,7 @@ def bench_prompt(
     s = spec[-1].stats
     ref, got = ar[0].tokens, spec[0].tokens
     diverge = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
-    return {
+    record = {
         "id": prompt.id,
         "category": prompt.category,
         "grounded": prompt.grounded,
@@ -123,6 +130,9 @@ def bench_prompt(
         "first_divergence": diverge if ref != got else None,
         "repeats": repeats,
     }
+    if "peer" in runs:
+        record.update(peer_fields(runs["peer"], ar, spec, peer_k))
+    return record
 
 
 def summarize(records: list[dict]) -> dict:
@@ -135,6 +145,7 @@ def summarize(records: list[dict]) -> dict:
             "mean_tau": round(statistics.fmean([r["tau"] for r in rs]), 4) if rs else 0.0,
             "floored_fraction": round(_median([r["floored_fraction"] for r in rs]), 4),
             "identical": sum(r["identical"] for r in rs),
+            **peer_block(rs),
         }
 
     cats = sorted({r["category"] for r in records})
@@ -147,19 +158,28 @@ def summarize(records: list[dict]) -> dict:
 
 
 def markdown(records: list[dict], summary: dict) -> str:
-    lines = [
-        "| category | prompts | AR tok/s | spec tok/s | speedup (median) | min | tau "
-        "| floored | identical |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    peer = "median_peer_speedup" in summary["all"]
+    head = "| category | prompts | AR tok/s | spec tok/s | speedup (median) | min | tau | floored "
+    head += "| identical |" + (" mlx-lm spec tok/s | peer vs AR | spec vs peer | peer tau |" * peer)
+    lines = [head, "|---" * (9 + 4 * peer) + "|"]
+
+    def peer_cols(b: dict, tps: str) -> str:
+        if not peer:
+            return ""
+        return (
+            f" {tps} | {b['median_peer_speedup']:.2f}x | {b['median_spec_vs_peer']:.2f}x "
+            f"| {b['peer_mean_tau']:.2f} |"
+        )
+
     for cat, b in summary["by_category"].items():
         rs = [r for r in records if r["category"] == cat]
         ar = _median([r["ar_tok_s"] for r in rs])
         sp = _median([r["spec_tok_s"] for r in rs])
+        pt = f"{_median([r['peer_tok_s'] for r in rs]):.1f}" if peer else ""
         lines.append(
             f"| {cat} | {b['prompts']} | {ar:.1f} | {sp:.1f} | "
             f"{b['median_speedup']:.2f}x | {b['min_speedup']:.2f}x | {b['mean_tau']:.2f} "
-            f"| {b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |"
+            f"| {b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |" + peer_cols(b, pt)
         )
     for name in ("grounded", "open", "all"):
         b = summary[name]
@@ -168,6 +188,7 @@ def markdown(records: list[dict], summary: dict) -> str:
                 f"| **{name}** | {b['prompts']} | | | **{b['median_speedup']:.2f}x** | "
                 f"{b['min_speedup']:.2f}x | {b['mean_tau']:.2f} | "
                 f"{b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |"
+                + peer_cols(b, "")
             )
     return "\n".join(lines)
 
@@ -183,9 +204,13 @@ def run_suite(
     spec_kwargs: dict | None = None,
     progress: bool = True,
     use_template: bool = True,
+    peer: PeerConfig | None = None,
 ) -> dict:
-    """Warm up, then per prompt interleave mlx-lm AR and adaspec; returns records + summary."""
+    """Warm up, then per prompt interleave mlx-lm AR, adaspec and (with `peer`) mlx-lm's
+    speculative decoding; returns records + summary."""
+    import mlx.core as mx
     import mlx_lm
+    from mlx_lm.sample_utils import make_sampler
     from tqdm import tqdm
 
     from .api import stream_generate
@@ -193,7 +218,10 @@ def run_suite(
     spec_kwargs = dict(spec_kwargs or {})
 
     def run_ar(ids: list[int], n: int) -> Run:
-        return timed(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=n))
+        if spec_kwargs.get("seed") is not None:
+            mx.random.seed(spec_kwargs["seed"])
+        smp = sampler(spec_kwargs, make_sampler)
+        return timed(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=n, sampler=smp))
 
     def run_spec(ids: list[int], n: int) -> Run:
         return timed(
@@ -208,14 +236,17 @@ def run_suite(
         ]
     warm = prompts[0][1]
     run_ar(warm, 16), run_spec(warm, 16)
+    runners: dict[str, Runner] = {"ar": run_ar, "spec": run_spec}
+    config = {"drafter": drafter, "repeats": repeats, **spec_kwargs}
+    peer_k = 0
+    if peer is not None:
+        runners["peer"], peer_k, config["peer"] = setup_peer(
+            peer, model, tokenizer, spec_kwargs, [ids for _, ids in prompts]
+        )
     records = []
     for p, ids in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
-        records.append(bench_prompt(p, run_ar, run_spec, ids, repeats))
-    return {
-        "records": records,
-        "summary": summarize(records),
-        "config": {"drafter": drafter, "repeats": repeats, **spec_kwargs},
-    }
+        records.append(bench_prompt(p, runners, ids, repeats, peer_k))
+    return {"records": records, "summary": summarize(records), "config": config}
 
 
 def save(result: dict, path: str | Path) -> None:

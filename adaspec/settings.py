@@ -76,6 +76,9 @@ class Settings(BaseModel):
     draft_max: int = Field(16, ge=1, le=256)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
+    # draft-model drafter: stop a draft at the first token the draft model gives less than this
+    # probability (0 = draft as many as the policy allows)
+    draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
 
     @field_validator("blas")
     @classmethod

@@ -73,3 +73,50 @@ def test_cost_fit_is_positive_and_matches_measured_points(costs, k):
     assert c > 0
     if k < len(cost):
         assert c == cost[k]
+
+
+# ---- with a drafter that costs time per token (a draft model) --------------------------------
+
+
+def feed_costly(s, steps, per_token):
+    for drafted, accepted in steps:
+        draft_s = per_token * drafted
+        s = observe(CFG, s, drafted, accepted, cost_line(drafted) + draft_s, draft_s)
+    return s
+
+
+@given(events, st.floats(0.0, 2.0), st.integers(1, 8), st.integers(8, 32))
+def test_never_leaves_the_bounds_with_draft_cost(steps, per_token_ar, lo, hi):
+    cfg = LengthConfig(min_k=lo, max_k=hi)
+    s = LengthState()
+    for d, a in steps:
+        assert lo <= best_k(cfg, s) <= hi
+        s = observe(cfg, s, d, a, cost_line(d) + per_token_ar * T * d, per_token_ar * T * d)
+
+
+def test_draft_cost_is_learned_per_token_and_kept_out_of_the_verify_cost():
+    s = feed_costly(LengthState(), [(0, 0), (4, 2)], per_token=0.4 * T)
+    assert math.isclose(s.draft_cost, 0.4 * T)
+    assert math.isclose(s.cost[4], cost_line(4))
+    # an unseen length is priced as its verify (line through the seen ones) plus its drafting
+    assert math.isclose(step_cost(s.cost, 8, 0.1, s.draft_cost), cost_line(8) + 8 * 0.4 * T)
+
+
+def test_costly_drafts_shrink_under_rejections_and_grow_under_full_acceptance():
+    s = feed_costly(LengthState(), [(0, 0), (16, 16), (8, 8)], per_token=0.3 * T)
+    start = best_k(CFG, s)
+    for _ in range(30):
+        s = feed_costly(s, [(best_k(CFG, s), 0)], per_token=0.3 * T)
+    assert best_k(CFG, s) < start and best_k(CFG, s) == CFG.min_k
+    low = best_k(CFG, s)
+    for _ in range(60):
+        k = best_k(CFG, s)
+        s = feed_costly(s, [(k, k)], per_token=0.3 * T)
+    assert best_k(CFG, s) > low and best_k(CFG, s) == CFG.max_k
+
+
+def test_a_costlier_drafter_gets_shorter_drafts():
+    history = [(0, 0)] + [(6, 3), (6, 4), (6, 2), (3, 3), (3, 2)] * 4
+    cheap = best_k(CFG, feed_costly(LengthState(), history, per_token=0.0))
+    costly = best_k(CFG, feed_costly(LengthState(), history, per_token=0.5 * T))
+    assert costly < cheap

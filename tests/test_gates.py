@@ -256,3 +256,43 @@ def test_lost_lifts_back_off_and_a_won_lift_resets(events):
                 assert s.lift_backoff == 0
                 lost_in_row = 0
             s = gates.on_floor(cfg, s)  # end the run of speculation for the next event
+
+
+def test_ar_clock_reads_the_median_of_recent_plain_steps():
+    """A pipelined burst's last step reads short (its forward mostly ran during the step
+    before); one such step must not become t_ar."""
+    from adaspec.policy.adaptive import ArClock
+
+    clock = ArClock()
+    for i, t in enumerate([0.9, 0.35, 0.2, 0.2, 0.2, 0.06]):  # cold first, long, steady, short
+        clock.observe(StepStats(0, 0, 1, False, 0.0, t, 0.0, 100 + i))
+    assert clock.t_ar == 0.2 and clock.context == 105
+    clock.observe(StepStats(3, 3, 4, True, 0.1, 0.5, 0.0, 110))  # speculative: ignored
+    assert clock.t_ar == 0.2 and clock.context == 105
+
+
+def test_one_time_drafter_setup_is_not_held_against_speculating():
+    """A probe whose step spent most of its time catching the drafter up (Draft.setup_s) is
+    judged by the rest of the step; the same time as a recurring cost loses the probe."""
+    cfg = PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1, probe_len=2))
+
+    def probe_result(setup_s):
+        pol = GatedPolicy(cfg)
+        ctx = 100
+        while pol.max_draft() == 0:  # t_ar measurement
+            pol.observe(plain(ctx))
+            ctx += 1
+        for _ in range(12):  # a hopeless drafter floors
+            pol.observe(spec(ctx, 1, 3 * T_AR))
+            ctx += 1
+            if pol.floor.floored:
+                break
+        while pol.floor.floored:
+            pol.observe(plain(ctx))
+            ctx += 1
+        s = StepStats(4, 3, 4, True, 2.5 * T_AR, 2.5 * T_AR, 0.0, ctx, setup_s=setup_s)
+        pol.observe(s)  # the probe's first step: 4 tokens in 5 plain steps' time
+        return pol.floor.probes_lost
+
+    assert probe_result(setup_s=2.0 * T_AR) == 0
+    assert probe_result(setup_s=0.0) == 1

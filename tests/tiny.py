@@ -96,3 +96,16 @@ def ar_greedy(model, prompt: list[int], n: int) -> list[int]:
     for tok, _ in generate_step(mx.array(prompt), model, max_tokens=n):
         out.append(int(tok))
     return out
+
+
+def save_tiny(model, tokenizer, folder):
+    """Write `model` and `tokenizer` as an mlx-lm model folder (config, weights, tokenizer)."""
+    from dataclasses import asdict
+
+    from mlx_lm.utils import save_config, save_model
+
+    folder.mkdir(parents=True)
+    save_model(folder, model)
+    save_config(asdict(model.args), folder / "config.json")
+    tokenizer._tokenizer.save_pretrained(str(folder))
+    return folder

@@ -25,6 +25,28 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
     p.add_argument("--json", default=None, help="write records + summary here")
+    p.add_argument(
+        "--peer",
+        default=None,
+        metavar="mlx-lm-spec",
+        help="add mlx-lm's own speculative decoding as a third column, interleaved",
+    )
+    p.add_argument(
+        "--peer-draft",
+        default=None,
+        metavar="PATH_OR_NAME",
+        help="the peer's draft model (default: the model of --drafter draft-model:...)",
+    )
+    p.add_argument(
+        "--peer-k",
+        type=int,
+        default=0,
+        help="the peer's num_draft_tokens (default 0: the best of 2..6 on the first prompts)",
+    )
+    p.add_argument("--peer-tune-prompts", type=int, default=2, help="prompts used to pick --peer-k")
+    p.add_argument(
+        "--peer-tune-tokens", type=int, default=48, help="tokens per run when picking --peer-k"
+    )
     p.set_defaults(func=run)
 
 
@@ -43,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if not suite:
         raise GenerationArgumentError("no prompts left after --category/--grounded/--limit")
     model, tokenizer = load_model(args.model)
+    peer = _peer(args)
     result = run_suite(
         model,
         tokenizer,
@@ -52,9 +75,34 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         spec_kwargs=sampling_kwargs(args),
         use_template=not args.ignore_chat_template,
+        peer=peer,
     )
-    result["config"].update(model=args.model, suite=args.suite)
+    result["config"].update(model=args.model, suite=args.suite, max_tokens=args.max_tokens)
     print(markdown(result["records"], result["summary"]))
     if args.json:
         save(result, args.json)
     return 0
+
+
+def _peer(args: argparse.Namespace):
+    """The --peer configuration (its draft model loaded once and shared with the drafter)."""
+    from ..bench_peer import PeerConfig, check_peer
+    from ..drafters.draft_model import load_shared
+    from ..drafters.registry import parse_spec
+    from ..errors import GenerationArgumentError
+    from ..settings import get
+
+    if args.peer is None:
+        return None
+    draft = args.peer_draft
+    name, arg = parse_spec(args.drafter)
+    if draft is None and name == "draft-model" and arg:
+        draft = arg.split(",")[0].strip()
+    check_peer(args.peer, draft)
+    if not 0 <= args.peer_k <= 64 or args.peer_tune_prompts < 1 or args.peer_tune_tokens < 2:
+        raise GenerationArgumentError(
+            f"--peer-k={args.peer_k}, --peer-tune-prompts={args.peer_tune_prompts}, "
+            f"--peer-tune-tokens={args.peer_tune_tokens} are invalid; accepted: 0..64, >= 1, >= 2"
+        )
+    model, _ = load_shared(draft, get())
+    return PeerConfig(model, args.peer_k, args.peer_tune_prompts, args.peer_tune_tokens)

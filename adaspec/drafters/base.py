@@ -11,6 +11,8 @@ import numpy as np
 if TYPE_CHECKING:
     import mlx.core as mx
 
+    from ..policy.sampling import SamplingParams
+
 
 @dataclass(frozen=True)
 class Draft:
@@ -24,6 +26,10 @@ class Draft:
     tokens: tuple[int, ...] = ()
     probs: np.ndarray | None = None
     strong: bool = False  # the drafter is confident (e.g. a long exact match): may lift a floor
+    # seconds of one-time work inside draft() that the next step will not repeat (a draft model
+    # catching up on tokens committed while floored): counted in the stats, not held against
+    # speculation by the gates and the draft-length rule
+    setup_s: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -50,6 +56,8 @@ class DraftContext:
       is the position whose logits predicted committed_tokens[i].
     temperature: 0 means greedy; stochastic drafters sample (and return q) only when > 0.
     rng: the generation's random source, so a fixed seed reproduces the text.
+    sampling: the target's sampler knobs (temperature, top-p, min-p, top-k), so a drafter can
+      filter q the way the target's p is filtered; None means temperature only.
     """
 
     tokens: Sequence[int]
@@ -57,6 +65,7 @@ class DraftContext:
     features: mx.array | None = None
     temperature: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    sampling: SamplingParams | None = None
 
 
 @runtime_checkable

@@ -22,6 +22,7 @@ _BUILTINS = {
     "pld": "adaspec.drafters.pld:factory",
     "dflash": "adaspec.drafters.dflash:factory",
     "auto": "adaspec.drafters.auto:factory",
+    "draft-model": "adaspec.drafters.draft_model:factory",
 }
 _entry_points_loaded = False
 

@@ -4,6 +4,7 @@ and the plain-step time (t_ar) the commit gate is calibrated against."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from ..settings import Settings
@@ -51,18 +52,23 @@ class PolicyConfig:
 
 @dataclass
 class ArClock:
-    """The latest warm plain-step time and the context length it was measured at."""
+    """The warm plain-step time and the context length it was measured at. t_ar is the median
+    of the latest three plain steps: pipelined plain steps overlap (mlx runs part of a queued
+    forward before returning), so the first and last step of a burst read long and short by
+    most of a step."""
 
     t_ar: float = math.nan
     context: int = 0
     plain_seen: int = 0
+    recent: tuple[float, ...] = ()
 
     def observe(self, step: StepStats) -> None:
         if step.speculative:
             return
         self.plain_seen += 1
         if self.plain_seen > 1:  # the first plain step of a generation runs cold
-            self.t_ar, self.context = step.total_s, step.context
+            self.recent = (*self.recent[-2:], step.total_s)
+            self.t_ar, self.context = statistics.median(self.recent), step.context
 
     def stale(self, context: int, refresh: float) -> bool:
         return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
@@ -112,7 +118,12 @@ class GatedPolicy:
         self.clock.observe(step)
         if self.cfg.length is not None:
             self.length = draft_length.observe(
-                self.cfg.length, self.length, step.drafted, step.accepted, step.total_s
+                self.cfg.length,
+                self.length,
+                step.drafted,
+                step.accepted,
+                step.judged_s,
+                step.draft_s - step.setup_s,
             )
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
@@ -124,10 +135,10 @@ class GatedPolicy:
         if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
             if self.floor.probing and self.floor.probe_steps == 0:
                 fire |= gates.probe_lost(
-                    self.cfg.commit, step.committed, step.total_s, self.clock.t_ar
+                    self.cfg.commit, step.committed, step.judged_s, self.clock.t_ar
                 )
             self.commit, f = gates.commit_step(
-                self.cfg.commit, self.commit, step.committed, step.total_s, self.clock.t_ar
+                self.cfg.commit, self.commit, step.committed, step.judged_s, self.clock.t_ar
             )
             fire |= f
         if fire:

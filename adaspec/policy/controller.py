@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import mlx.core as mx
@@ -154,6 +154,7 @@ class Decoder:
             features=features,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
+            sampling=self.cfg.sampling,
         )
 
     def prefill(self, prompt: Sequence[int]) -> None:
@@ -177,7 +178,7 @@ class Decoder:
             _check_draft(draft, budget, self.target.info.vocab_size, self.drafter.name)
             if len(draft) > room - 1:
                 q = draft.probs[: room - 1] if draft.probs is not None else None
-                draft = Draft(draft.tokens[: room - 1], q)
+                draft = replace(draft, tokens=draft.tokens[: room - 1], probs=q)
         t1 = time.perf_counter()
         # 2. verify the pending token plus the draft in one forward, then accept
         fed = [self.committed[-1], *draft.tokens]
@@ -210,6 +211,7 @@ class Decoder:
             len(self.committed),
             p1,
             budget <= 0,
+            draft.setup_s,
         )
         self.stats.record(s)
         self.policy.observe(s)
@@ -248,8 +250,8 @@ def _plain_burst(decoder: Decoder, n: int) -> Iterator[TokenEvent]:
         mx.async_eval(y, lp)
         return y, lp, fwd.features
 
+    t0 = time.perf_counter()  # before the first queue: mlx runs part of a queued forward at once
     y, lp, feats = queue([dec.committed[-1]])
-    t0 = time.perf_counter()
     for i in range(n):
         nxt = queue(y[None]) if i + 1 < n else None
         tok = int(y.item())

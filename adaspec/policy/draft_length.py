@@ -1,5 +1,6 @@
 """Adaptive draft length: pick k to maximize expected committed tokens per second, from the
-observed acceptance at each draft position and the measured cost of steps that drafted k.
+observed acceptance at each draft position, the measured verify cost of steps that drafted k and
+the measured draft cost per token (docs/gates.md, "Draft length").
 
 Pure: state + observation in, state out; times are passed in by the controller.
 """
@@ -23,7 +24,9 @@ class LengthConfig:
 @dataclass(frozen=True)
 class LengthState:
     accept: tuple[float, ...] = ()  # accept[i]: P(position i accepted | positions < i were)
-    cost: tuple[float, ...] = ()  # cost[k]: EMA seconds of a step that drafted k (nan: unseen)
+    # cost[k]: EMA seconds of a step that drafted k, without its drafting (nan: unseen)
+    cost: tuple[float, ...] = ()
+    draft_cost: float = math.nan  # EMA seconds of drafting one token (nan: never timed)
 
 
 def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
@@ -37,9 +40,18 @@ def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
     return total
 
 
-def step_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
-    """Seconds of a step drafting k: measured if seen, else a least-squares line a + b*k over
-    the lengths seen (b >= 0), or the plain-step time grown by the prior slope."""
+def step_cost(
+    cost: tuple[float, ...], k: int, prior_slope: float, draft_cost: float = 0.0
+) -> float | None:
+    """Seconds of a step drafting k: k * draft_cost plus the rest of the step, measured if k was
+    seen, else a least-squares line a + b*k over the lengths seen (b >= 0), or the plain-step
+    time grown by the prior slope."""
+    drafting = 0.0 if math.isnan(draft_cost) else k * draft_cost
+    rest = _rest_cost(cost, k, prior_slope)
+    return None if rest is None else rest + drafting
+
+
+def _rest_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
     if k < len(cost) and not math.isnan(cost[k]):
         return cost[k]
     pts = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
@@ -61,7 +73,7 @@ def best_k(cfg: LengthConfig, s: LengthState) -> int:
     """The draft length in [min_k, max_k] with the most expected tokens per second."""
     best, best_rate = cfg.max_k, -1.0
     for k in range(cfg.min_k, cfg.max_k + 1):
-        c = step_cost(s.cost, k, cfg.prior_slope)
+        c = step_cost(s.cost, k, cfg.prior_slope, s.draft_cost)
         if c is None:
             return cfg.max_k  # nothing timed yet: start long and learn
         rate = expected_tokens(s.accept, k, cfg.prior_accept) / c
@@ -75,14 +87,23 @@ def _ema(old: float, new: float, w: float) -> float:
 
 
 def observe(
-    cfg: LengthConfig, s: LengthState, drafted: int, accepted: int, step_s: float
+    cfg: LengthConfig,
+    s: LengthState,
+    drafted: int,
+    accepted: int,
+    step_s: float,
+    draft_s: float = 0.0,
 ) -> LengthState:
     """Learn from one step: positions before `accepted` were accepted, position `accepted`
-    (if drafted) was rejected, later ones were never judged; the step's time is cost[drafted]."""
+    (if drafted) was rejected, later ones were never judged; of the step's time, draft_s / drafted
+    is the draft cost per token and the rest is cost[drafted]."""
     accept = list(s.accept) + [math.nan] * max(0, drafted - len(s.accept))
     for i in range(min(drafted, accepted + 1)):
         accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, cfg.weight)
     accept = [cfg.prior_accept if math.isnan(a) else a for a in accept]
     cost = list(s.cost) + [math.nan] * max(0, drafted + 1 - len(s.cost))
-    cost[drafted] = _ema(cost[drafted], step_s, cfg.weight)
-    return replace(s, accept=tuple(accept), cost=tuple(cost))
+    cost[drafted] = _ema(cost[drafted], max(step_s - draft_s, 0.0), cfg.weight)
+    per_token = s.draft_cost
+    if drafted > 0:
+        per_token = _ema(per_token, draft_s / drafted, cfg.weight)
+    return replace(s, accept=tuple(accept), cost=tuple(cost), draft_cost=per_token)

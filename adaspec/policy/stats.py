@@ -20,10 +20,16 @@ class StepStats:
     context: int = 0  # committed sequence length after the step
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
     floored: bool = False  # the policy allowed no draft (floor, or a t_ar measurement step)
+    setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
 
     @property
     def total_s(self) -> float:
         return self.draft_s + self.verify_s + self.rollback_s
+
+    @property
+    def judged_s(self) -> float:
+        """The step's time as a cost of speculating: without one-time drafter work."""
+        return self.total_s - self.setup_s
 
 
 @dataclass
@@ -42,6 +48,7 @@ class GenerationStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     rollback_s: float = 0.0
+    setup_s: float = 0.0  # part of draft_s: one-time drafter work (e.g. catch-up after floors)
     # accepted_at[i]: speculative steps whose draft position i was accepted
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
@@ -53,6 +60,7 @@ class GenerationStats:
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.rollback_s += s.rollback_s
+        self.setup_s += s.setup_s
         self.floored_steps += s.floored
         if not s.speculative:
             return
@@ -105,6 +113,7 @@ class GenerationStats:
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
             "rollback_s": round(self.rollback_s, 6),
+            "setup_s": round(self.setup_s, 6),
             "prefill_s": round(self.prefill_s, 6),
             **{k: v for k, v in self.policy.items() if k != "config"},
         }

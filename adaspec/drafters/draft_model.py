@@ -1,0 +1,268 @@
+"""Draft-model drafter: a small LM sharing the target's tokenizer drafts token by token from its
+own KV cache, which is trimmed back to the committed prefix before each draft.
+
+Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0]`` -- an mlx-lm folder, a .gguf file
+or a catalogue name (loaded once per process and shared); min_p1 stops a draft at the first token
+whose draft probability is below F; q=0 withholds the draft probabilities, so sampled drafts are
+verified by sample-and-match instead of rejection sampling (for comparisons). "Same vocabulary"
+is defined in docs/drafters.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import DrafterError, DrafterMismatchError
+from ..settings import Settings
+from .base import Draft, DraftContext, TargetInfo
+
+log = logging.getLogger(__name__)
+
+ARG_KEYS: dict[str, type] = {"min_p1": float, "q": int}
+# more pending tokens than this (committed while floored) are fed before drafting, timed apart
+CATCH_UP = 4
+
+
+def _vocab(tokenizer: Any) -> dict[str, int] | None:
+    get = getattr(tokenizer, "get_vocab", None) if tokenizer is not None else None
+    return dict(get()) if get is not None else None
+
+
+def check_vocab(draft: TargetInfo, target: TargetInfo) -> None:
+    """Same vocabulary: both tokenizers map every token string to the same id (embedding row
+    counts may differ, e.g. padding); without both tokenizers, equal row counts."""
+    dv, tv = _vocab(draft.tokenizer), _vocab(target.tokenizer)
+    sizes = (
+        f"the draft model has {draft.vocab_size} embedding rows"
+        + (f" and {len(dv)} tokenizer tokens" if dv is not None else "")
+        + f", the target {target.vocab_size} rows"
+        + (f" and {len(tv)} tokenizer tokens" if tv is not None else "")
+    )
+    if dv is None or tv is None:
+        if draft.vocab_size != target.vocab_size:
+            raise DrafterMismatchError(
+                f"draft-model vocabulary mismatch: {sizes}; accepted: equal row counts when a "
+                "tokenizer is missing, else the target's tokenizer"
+            )
+        return
+    if dv != tv:
+        differ = [t for t in dv.keys() | tv.keys() if dv.get(t) != tv.get(t)]
+        example = sorted(differ, key=lambda t: min(dv.get(t, 1 << 62), tv.get(t, 1 << 62)))[0]
+        raise DrafterMismatchError(
+            f"draft-model tokenizer mismatch: {sizes}; {len(differ)} tokens have different ids "
+            f"(e.g. {example!r}: draft {dv.get(example)}, target {tv.get(example)}); "
+            "accepted: a draft model with the target's tokenizer (same model family)"
+        )
+
+
+class DraftLM:
+    """DraftModel over any mlx-lm causal LM whose caches can be trimmed.
+
+    Cache invariant: `cached` lists the ids in the drafter's KV cache; it agrees with the
+    committed view on its first `_synced` positions. A draft first trims the cache to the
+    longest agreeing prefix (at most all committed tokens but the newest), feeds the rest in
+    one forward, then one token per forward. Proposed ids are < min(draft rows, target rows).
+    """
+
+    name = "draft-model"
+    needs_taps: tuple[int, ...] = ()
+    cheap_draft = False  # each drafted token is a forward of the draft model
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        target: TargetInfo,
+        *,
+        min_p1: float = 0.0,
+        prefill_step: int = 2048,
+        send_q: bool = True,
+    ):
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+        from ..targets.adapter import target_info
+
+        info = target_info(model, tokenizer)
+        check_vocab(info, target)
+        if not 0 <= min_p1 < 1:
+            raise DrafterError(f"draft-model min_p1={min_p1} is invalid; accepted: 0 <= F < 1")
+        self.model, self.min_p1, self.prefill_step = model, min_p1, prefill_step
+        self.send_q = send_q
+        self.vocab_size = target.vocab_size  # q rows have the target's width
+        self.n_ids = min(info.vocab_size, target.vocab_size)
+        self._make_cache = make_prompt_cache
+        self.cache = make_prompt_cache(model)
+        if not can_trim_prompt_cache(self.cache):
+            kinds = sorted({type(c).__name__ for c in self.cache if not c.is_trimmable()})
+            raise DrafterError(
+                f"draft model {type(model).__name__} has cache layers that cannot be trimmed "
+                f"({', '.join(kinds)}); accepted: models with trimmable (KV) caches"
+            )
+        self.tokens: list[int] = []
+        self.cached: list[int] = []
+        self._synced = 0
+
+    # ---- committed view ------------------------------------------------------------------
+    def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self.tokens = [int(t) for t in prompt_tokens]
+        self.cache, self.cached, self._synced = self._make_cache(self.model), [], 0
+        head = self.tokens[:-1]
+        for start in range(0, len(head), self.prefill_step):
+            self._catch_up(head[start : start + self.prefill_step])
+        self._synced = len(self.cached)
+
+    def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
+        self.tokens += [int(t) for t in committed_tokens]
+
+    def rollback(self, n: int) -> None:
+        if not 0 <= n <= len(self.tokens):
+            raise DrafterError(
+                f"draft-model rollback({n}) out of range; accepted: 0..{len(self.tokens)}"
+            )
+        del self.tokens[len(self.tokens) - n :]
+        self._synced = min(self._synced, len(self.tokens))
+
+    # ---- cache ---------------------------------------------------------------------------
+    def _pending(self) -> list[int]:
+        """Trim the cache to the committed prefix it holds (never the newest token) and
+        return the committed tokens still to feed (at least one)."""
+        if not self.tokens:
+            raise DrafterError("draft-model draft() before prefill(); accepted: prefill first")
+        limit = min(len(self.cached), len(self.tokens) - 1)
+        n = min(self._synced, limit)
+        while n < limit and self.cached[n] == self.tokens[n]:
+            n += 1
+        drop = len(self.cached) - n
+        if drop:
+            got = [c.trim(drop) for c in self.cache][0]
+            if got != drop:
+                raise DrafterError(f"draft-model cache trimmed {got} of {drop} positions")
+            del self.cached[n:]
+        self._synced = len(self.tokens)
+        return self.tokens[n:]
+
+    def _forward(self, ids: Sequence[int] | mx.array) -> mx.array:
+        """Feed ids; (n_ids,) float32 logits of the position after the last one."""
+        x = ids if isinstance(ids, mx.array) else mx.array(list(ids), dtype=mx.uint32)
+        logits = self.model(x.reshape(1, -1), cache=self.cache)[0, -1]
+        return logits[: self.n_ids].astype(mx.float32)
+
+    def next_logits(self) -> mx.array:
+        """(n_ids,) logits for the token after the committed sequence (tests, diagnostics)."""
+        feed = self._pending()
+        self.cached += feed
+        return self._forward(feed)
+
+    # ---- drafting ------------------------------------------------------------------------
+    def draft(self, ctx: DraftContext) -> Draft:
+        k = ctx.max_draft
+        if k <= 0:
+            return Draft()
+        params = ctx.sampling
+        if params is None and ctx.temperature > 0:
+            from ..policy.sampling import SamplingParams
+
+            params = SamplingParams(temp=ctx.temperature)
+        feed = self._pending()
+        setup_s = self._catch_up(feed[:-1]) if len(feed) > CATCH_UP else 0.0
+        feed = feed[-1:] if setup_s else feed
+        self.cached += feed
+        if params is None or params.greedy:
+            toks, fed = self._greedy(feed, k)
+            q = None
+        else:
+            toks, q, fed = self._sampled(feed, k, params, ctx.rng)
+        self.cached += toks[:fed]
+        return Draft(toks, q if self.send_q else None, setup_s=setup_s)
+
+    def _catch_up(self, tokens: list[int]) -> float:
+        """Feed tokens committed while no draft was asked for (a floor); returns its seconds,
+        which the policy does not hold against speculating (Draft.setup_s)."""
+        t0 = time.perf_counter()
+        self.model(mx.array(tokens, dtype=mx.uint32)[None], cache=self.cache)
+        mx.eval([c.state for c in self.cache])  # the logits are never read, so never computed
+        self.cached += tokens
+        return max(time.perf_counter() - t0, 1e-9)
+
+    def _greedy(self, feed: list[int], k: int) -> tuple[list[int], int]:
+        """Argmax chain; lazy (one sync at the end) unless min_p1 needs each probability.
+        Returns the tokens and how many of them were fed to the cache."""
+        x: Sequence[int] | mx.array = feed
+        out: list[mx.array] = []
+        for i in range(k):
+            logits = self._forward(x)
+            tok = mx.argmax(logits, keepdims=True)
+            if self.min_p1 > 0 and i > 0:
+                p1 = mx.exp(mx.max(logits) - mx.logsumexp(logits))
+                if p1.item() < self.min_p1:
+                    return mx.concatenate(out).tolist(), len(out)
+            out.append(tok)
+            mx.async_eval(tok)
+            x = tok
+        return mx.concatenate(out).tolist(), k - 1
+
+    def _sampled(
+        self, feed: list[int], k: int, params: Any, rng: np.random.Generator
+    ) -> tuple[list[int], np.ndarray, int]:
+        """Sample each token from q = the target's sampler applied to the draft's logits."""
+        from ..policy import sampling
+        from ..policy.acceptance import sample
+
+        x: Sequence[int] = feed
+        toks: list[int] = []
+        rows: list[np.ndarray] = []
+        fed = k - 1
+        for i in range(k):
+            q = self._q(self._forward(x), params, sampling)
+            if self.min_p1 > 0 and i > 0 and q.max() < self.min_p1:
+                fed = i
+                break
+            toks.append(sample(q, rng.random()))
+            rows.append(q)
+            x = toks[-1:]
+        wide = np.zeros((len(rows), self.vocab_size))
+        wide[:, : self.n_ids] = np.stack(rows)
+        return toks, wide, fed
+
+    @staticmethod
+    def _q(logits: mx.array, params: Any, sampling: Any) -> np.ndarray:
+        p = sampling.probs(sampling.logprobs(logits[None]), params)[0]
+        q = np.asarray(p, dtype=np.float64)
+        return q / q.sum()
+
+
+@functools.lru_cache(maxsize=2)
+def load_shared(path_or_name: str, settings: Settings) -> tuple[Any, Any]:
+    """(model, tokenizer) of a draft model, loaded once per process (generations, the bench
+    and its mlx-lm peer share the weights; each DraftLM has its own cache)."""
+    from ..targets.loader import load
+
+    log.info("loading draft model %s", path_or_name)
+    return load(path_or_name, settings=settings)
+
+
+def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DraftLM:
+    from .dflash import split_arg
+
+    path, kw = split_arg(arg, ARG_KEYS, "draft-model")
+    if not path:
+        raise DrafterError(
+            "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
+            "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
+        )
+    model, tokenizer = load_shared(path, settings)
+    return DraftLM(
+        model,
+        tokenizer,
+        info,
+        min_p1=kw.get("min_p1", settings.draft_model_min_p1),
+        prefill_step=settings.prefill_step,
+        send_q=bool(kw.get("q", 1)),
+    )
