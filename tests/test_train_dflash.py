@@ -15,14 +15,9 @@ from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.adapter import KVTarget, target_info
 from adaspec.train.data import TrainSeq, tap_features
 from adaspec.train.objective import TrainingError
-from adaspec.train.pipeline import (
-    Recipe,
-    choose_mask_token,
-    default_taps,
-    tiny_recipe,
-    train_dflash,
-)
-from adaspec.train.trainer import Head, Hyper, batch_arrays, block_logits
+from adaspec.train.pipeline import choose_mask_token, default_taps, train_dflash
+from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
+from adaspec.train.trainer import Head, batch_arrays, block_logits
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -6,8 +6,7 @@ import argparse
 import json
 from dataclasses import fields
 
-from ..train.pipeline import Recipe, tiny_recipe
-from ..train.trainer import Hyper
+from ..train.recipe import Hyper, Recipe, tiny_recipe
 from .common import DEFAULT_MODEL, load_model
 
 _RECIPE = {f.name: f for f in fields(Recipe) if f.name not in ("corpus", "hyper")}

@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..prompting import prompt_ids
-from ..targets.adapter import layer_list, tapped
+from ..targets.adapter import layer_list, layer_output, spying
 from .corpus import PromptRecord
 from .objective import TrainingError
 
@@ -101,22 +101,22 @@ def to_sequences(records: Sequence[dict], min_response: int = 2) -> list[TrainSe
 
 
 class _Done(Exception):
-    """Raised by the deepest tap: the layers above it and the lm_head are not needed."""
+    """Raised after the deepest tap layer: the layers above it and the lm_head are not needed."""
 
 
-class _LastTap:
-    """Stands in for the deepest tap layer: records its output, then ends the forward."""
+class _Last:
+    """Stands in for the deepest tap layer: runs it, keeps its output, ends the forward."""
 
-    def __init__(self, layer: Any, sink: list):
-        self._layer, self._sink = layer, sink
+    def __init__(self, layer: Any):
+        self.layer = layer
+        self.out: Any = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._layer(*args, **kwargs)
-        self._sink.append(out[0] if isinstance(out, tuple) else out)
+        self.out = self.layer(*args, **kwargs)
         raise _Done
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._layer, name)
+        return getattr(self.layer, name)
 
 
 def tap_features(model: Any, tokens: np.ndarray, taps: tuple[int, ...]) -> mx.array:
@@ -124,17 +124,18 @@ def tap_features(model: Any, tokens: np.ndarray, taps: tuple[int, ...]) -> mx.ar
     without a cache (the same values the adapter's chunked prefill and verify compute)."""
     layers = layer_list(model)
     last = max(taps)
-    deepest = layers[last]
-    with tapped(model, tuple(t for t in taps if t != last)) as inner:
-        sinks = [*inner[: taps.index(last)], [], *inner[taps.index(last) :]]
-        layers[last] = _LastTap(deepest, sinks[taps.index(last)])
+    stop = _Last(layers[last])
+    with spying([(layers, i) for i in taps if i != last]) as spies:
+        layers[last] = stop
         try:
             model(mx.array(tokens, dtype=mx.uint32)[None])
         except _Done:
             pass
         finally:
-            layers[last] = deepest
-    return mx.concatenate([s[-1][0] for s in sinks], axis=-1)
+            layers[last] = stop.layer
+    found = iter(layer_output(s) for s in spies)
+    out = stop.out[0] if isinstance(stop.out, tuple) else stop.out
+    return mx.concatenate([out[0] if i == last else next(found) for i in taps], axis=-1)
 
 
 def extract_features(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -21,51 +21,10 @@ from . import card
 from .corpus import PromptRecord, build_prompts
 from .data import extract_features, generate_responses, to_sequences
 from .objective import TrainingError
-from .trainer import Hyper, Trainer
+from .recipe import Recipe
+from .trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Data and drafter shape; `hyper` holds the optimisation knobs."""
-
-    corpus: str
-    n_news: int = 900
-    n_code: int = 600
-    heldout: float = 0.05
-    max_prompt: int = 512
-    max_new: int = 256
-    gen_batch: int = 16
-    layers: int = 2
-    block: int = 8
-    n_taps: int = 5
-    mask_token_id: int | None = None  # None: an unused special token of the tokenizer
-    init: str = "target"  # "target": drafter layers start as copies of the target's last ones
-    hyper: Hyper = field(default_factory=Hyper)
-
-    def __post_init__(self) -> None:
-        for k in ("max_prompt", "max_new", "gen_batch", "layers", "n_taps"):
-            if getattr(self, k) < 1:
-                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
-        if self.n_news < 0 or self.n_code < 0 or self.n_news + self.n_code < 2:
-            raise TrainingError(
-                f"n_news={self.n_news}, n_code={self.n_code} are invalid; accepted: >= 0 each, "
-                "at least 2 prompts in all"
-            )
-        if self.block < 2:
-            raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
-        if self.init not in ("target", "random"):
-            raise TrainingError(f"init={self.init!r} is invalid; accepted: target, random")
-
-
-TINY = dict(n_news=6, n_code=4, heldout=0.2, max_prompt=96, max_new=24, gen_batch=4, layers=1)
-TINY_HYPER = dict(epochs=3, seqs_per_step=2, anchors_per_seq=8, ckpt_every=5)
-
-
-def tiny_recipe(recipe: Recipe) -> Recipe:
-    """The --tiny run: a few prompts, short responses, one layer; minutes on a CPU."""
-    return replace(recipe, **TINY, hyper=replace(recipe.hyper, **TINY_HYPER))
 
 
 def default_taps(num_layers: int, n: int) -> tuple[int, ...]:

@@ -30,40 +30,9 @@ from .objective import (
     position_weights,
     sample_anchors,
 )
+from .recipe import Hyper
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Hyper:
-    """Optimisation knobs (the drafter's shape lives in its DFlashConfig)."""
-
-    epochs: int = 4
-    seqs_per_step: int = 4
-    anchors_per_seq: int = 32
-    # extra anchors inside the prompt (corpus text, teacher-forced): more blocks per target
-    # forward when responses are few; 0 keeps the paper's responses-only recipe
-    prompt_anchors: int = 0
-    lr: float = 6e-4
-    warmup: float = 0.04
-    weight_decay: float = 0.01
-    clip: float = 1.0
-    gamma: float = 0.0  # 0: the paper's value for the block size
-    seed: int = 0
-    eval_stride: int = 4  # held-out anchors: every n-th response position
-    ckpt_every: int = 50
-
-    def __post_init__(self) -> None:
-        for k in ("epochs", "seqs_per_step", "anchors_per_seq", "eval_stride", "ckpt_every"):
-            if getattr(self, k) < 1:
-                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
-        if self.prompt_anchors < 0:
-            raise TrainingError(f"prompt_anchors={self.prompt_anchors} is invalid; accepted: >= 0")
-        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.clip > 0 and self.gamma >= 0):
-            raise TrainingError(
-                f"lr={self.lr}, warmup={self.warmup}, clip={self.clip}, gamma={self.gamma} "
-                "are invalid; accepted: lr > 0, 0 <= warmup < 1, clip > 0, gamma >= 0"
-            )
 
 
 @dataclass

@@ -1,0 +1,82 @@
+"""What a training run is made of: the data and drafter-shape recipe and the optimisation knobs
+(kept free of mlx imports, so the CLI can build its flags from them cheaply)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .objective import TrainingError
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """Optimisation knobs (the drafter's shape lives in its DFlashConfig)."""
+
+    epochs: int = 4
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 32
+    # extra anchors inside the prompt (corpus text, teacher-forced): more blocks per target
+    # forward when responses are few; 0 keeps the paper's responses-only recipe
+    prompt_anchors: int = 0
+    lr: float = 6e-4
+    warmup: float = 0.04
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    gamma: float = 0.0  # 0: the paper's value for the block size
+    seed: int = 0
+    eval_stride: int = 4  # held-out anchors: every n-th response position
+    ckpt_every: int = 50
+
+    def __post_init__(self) -> None:
+        for k in ("epochs", "seqs_per_step", "anchors_per_seq", "eval_stride", "ckpt_every"):
+            if getattr(self, k) < 1:
+                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
+        if self.prompt_anchors < 0:
+            raise TrainingError(f"prompt_anchors={self.prompt_anchors} is invalid; accepted: >= 0")
+        if not (self.lr > 0 and 0 <= self.warmup < 1 and self.clip > 0 and self.gamma >= 0):
+            raise TrainingError(
+                f"lr={self.lr}, warmup={self.warmup}, clip={self.clip}, gamma={self.gamma} "
+                "are invalid; accepted: lr > 0, 0 <= warmup < 1, clip > 0, gamma >= 0"
+            )
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Data and drafter shape; `hyper` holds the optimisation knobs."""
+
+    corpus: str
+    n_news: int = 900
+    n_code: int = 600
+    heldout: float = 0.05
+    max_prompt: int = 512
+    max_new: int = 256
+    gen_batch: int = 16
+    layers: int = 2
+    block: int = 8
+    n_taps: int = 5
+    mask_token_id: int | None = None  # None: an unused special token of the tokenizer
+    init: str = "target"  # "target": drafter layers start as copies of the target's last ones
+    hyper: Hyper = field(default_factory=Hyper)
+
+    def __post_init__(self) -> None:
+        for k in ("max_prompt", "max_new", "gen_batch", "layers", "n_taps"):
+            if getattr(self, k) < 1:
+                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
+        if self.n_news < 0 or self.n_code < 0 or self.n_news + self.n_code < 2:
+            raise TrainingError(
+                f"n_news={self.n_news}, n_code={self.n_code} are invalid; accepted: >= 0 each, "
+                "at least 2 prompts in all"
+            )
+        if self.block < 2:
+            raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
+        if self.init not in ("target", "random"):
+            raise TrainingError(f"init={self.init!r} is invalid; accepted: target, random")
+
+
+TINY = dict(n_news=6, n_code=4, heldout=0.2, max_prompt=96, max_new=24, gen_batch=4, layers=1)
+TINY_HYPER = dict(epochs=3, seqs_per_step=2, anchors_per_seq=8, ckpt_every=5)
+
+
+def tiny_recipe(recipe: Recipe) -> Recipe:
+    """The --tiny run: a few prompts, short responses, one layer; minutes on a CPU."""
+    return replace(recipe, **TINY, hyper=replace(recipe.hyper, **TINY_HYPER))
