@@ -159,7 +159,7 @@ class ReplayTarget(CacheTarget):
             self.strategy.replay(p, m)
         p.kept = m
         self._offset -= n
-        # start the replay now; drafting overlaps it, the next forward waits for it
+        # queue the replay's evaluation now; the next forward builds on these arrays anyway
         mx.async_eval([a for _, c in self.recurrent for a in c.cache if a is not None])
 
     def _check_trimmable(self, n: int) -> None:
