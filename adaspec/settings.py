@@ -93,7 +93,7 @@ class Settings(BaseModel):
     @field_validator("gate", "rollback")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES}[info.field_name]
+        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES}[str(info.field_name)]
         v = v.strip().lower()
         if v not in choices:
             raise ValueError(f"accepted: {', '.join(choices)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -122,8 +122,9 @@ class ReplayTarget(CacheTarget):
         """Move the pending forward's kept tokens into the log (they are known by now)."""
         p, self._pending = self._pending, None
         if p is not None and p.kept:
-            toks = p.tokens.reshape(-1).tolist() if isinstance(p.tokens, mx.array) else p.tokens
-            self._log += [int(t) for t in list(toks)[: p.kept]]
+            toks = p.tokens[: p.kept]
+            ids = toks.reshape(-1).tolist() if isinstance(toks, mx.array) else list(toks)
+            self._log += [int(t) for t in cast(list, ids)]
 
     def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None:
         self._settle()
@@ -158,7 +159,7 @@ class ReplayTarget(CacheTarget):
             self.strategy.replay(p, m)
         p.kept = m
         self._offset -= n
-        # start the replay now; drafting overlaps it, the next forward waits for it
+        # queue the replay's evaluation now; the next forward builds on these arrays anyway
         mx.async_eval([a for _, c in self.recurrent for a in c.cache if a is not None])
 
     def _check_trimmable(self, n: int) -> None:

@@ -135,7 +135,7 @@ def available(target: ReplayTarget) -> tuple[str, ...]:
 
 
 def make_strategy(name: str, target: ReplayTarget, *, use_kernel: bool = True) -> Strategy:
-    """`name`: one of STRATEGIES or "auto" (the cheapest available for the architecture)."""
+    """`name`: "delta", "ssm", "layers", "refeed", or "auto" (the cheapest that fits)."""
     from .recurrent import model_type
 
     fits = available(target)
