@@ -105,7 +105,7 @@ def test_consumer_stopping_early_leaves_caches_consistent(plan, prompt, program,
     assert new == [ref[stop_after]]
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5", "mamba2"])
 @settings(max_examples=5)
 @given(prompt=prompts(VOCAB, max_len=12), max_tokens=st.integers(1, 16), seed=st.integers(0, 99))
 def test_dflash_drafts_for_hybrid_targets(arch, prompt, max_tokens, seed):

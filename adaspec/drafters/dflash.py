@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import DrafterError
 from ..settings import Settings
-from ..targets.adapter import inner_model
+from ..targets.adapter import embedding_and_head
 from .base import Draft, DraftContext, TargetInfo
 from .dflash_checkpoint import check_target, load_model, save_model
 from .dflash_model import DFlashModel
@@ -109,9 +109,7 @@ class DFlashDrafter:
         self.model, self.cfg, self.window, self.sink = model, cfg, window, sink
         self.needs_taps = cfg.target_layer_ids
         self.vocab_size = cfg.vocab_size
-        self._embed = inner_model(info.model).embed_tokens
-        head = getattr(info.model, "lm_head", None)
-        self._head = head if head is not None else self._embed.as_linear
+        self._embed, self._head = embedding_and_head(info.model)
         self.tokens: list[int] = []
         self.cache = ContextCache(model)
 

@@ -57,6 +57,21 @@ def inner_model(model: Any) -> Any:
     )
 
 
+def embedding_and_head(model: Any) -> tuple[Any, Any]:
+    """The target's token embedding and its output projection (tied: the embedding's
+    as_linear), which DFlash drafters borrow; mlx-lm names the embedding embed_tokens, or
+    embeddings on the Mamba family."""
+    inner = inner_model(model)
+    embed = getattr(inner, "embed_tokens", None) or getattr(inner, "embeddings", None)
+    if embed is None:
+        raise TargetError(
+            f"cannot find the token embedding of {type(model).__name__}; accepted: mlx-lm models "
+            "whose decoder has embed_tokens or embeddings"
+        )
+    head = getattr(model, "lm_head", None)
+    return embed, head if head is not None else embed.as_linear
+
+
 def layer_list(model: Any) -> list:
     return inner_model(model).layers
 

@@ -19,7 +19,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm import tqdm
 
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
-from ..targets.adapter import inner_model
+from ..targets.adapter import embedding_and_head
 from .data import TrainSeq, load_features
 from .objective import (
     TrainingError,
@@ -49,9 +49,7 @@ class Head:
     """The frozen target's embedding and output projection, shared with inference."""
 
     def __init__(self, target: Any):
-        self.embed = inner_model(target).embed_tokens
-        head = getattr(target, "lm_head", None)
-        self.project = head if head is not None else self.embed.as_linear
+        self.embed, self.project = embedding_and_head(target)
 
 
 def _padded(feats: list[np.ndarray]) -> mx.array:
