@@ -20,6 +20,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError, DrafterMismatchError
+from ..policy import sampling
+from ..policy.acceptance import sample
 from ..settings import Settings
 from .base import Draft, DraftContext, TargetInfo
 
@@ -167,9 +169,7 @@ class DraftLM:
             return Draft()
         params = ctx.sampling
         if params is None and ctx.temperature > 0:
-            from ..policy.sampling import SamplingParams
-
-            params = SamplingParams(temp=ctx.temperature)
+            params = sampling.SamplingParams(temp=ctx.temperature)
         feed = self._pending()
         setup_s = self._catch_up(feed[:-1]) if len(feed) > CATCH_UP else 0.0
         feed = feed[-1:] if setup_s else feed
@@ -180,7 +180,7 @@ class DraftLM:
         else:
             toks, q, fed = self._sampled(feed, k, params, ctx.rng)
         self.cached += toks[:fed]
-        return Draft(toks, q if self.send_q else None, setup_s=setup_s)
+        return Draft(tuple(toks), q if self.send_q else None, setup_s=setup_s)
 
     def _catch_up(self, tokens: list[int]) -> float:
         """Feed tokens committed while no draft was asked for (a floor); returns its seconds,
@@ -201,26 +201,23 @@ class DraftLM:
             tok = mx.argmax(logits, keepdims=True)
             if self.min_p1 > 0 and i > 0:
                 p1 = mx.exp(mx.max(logits) - mx.logsumexp(logits))
-                if p1.item() < self.min_p1:
-                    return mx.concatenate(out).tolist(), len(out)
+                if float(np.array(p1)) < self.min_p1:
+                    return _ids(out), len(out)
             out.append(tok)
             mx.async_eval(tok)
             x = tok
-        return mx.concatenate(out).tolist(), k - 1
+        return _ids(out), k - 1
 
     def _sampled(
-        self, feed: list[int], k: int, params: Any, rng: np.random.Generator
+        self, feed: list[int], k: int, params: sampling.SamplingParams, rng: np.random.Generator
     ) -> tuple[list[int], np.ndarray, int]:
         """Sample each token from q = the target's sampler applied to the draft's logits."""
-        from ..policy import sampling
-        from ..policy.acceptance import sample
-
         x: Sequence[int] = feed
         toks: list[int] = []
         rows: list[np.ndarray] = []
         fed = k - 1
         for i in range(k):
-            q = self._q(self._forward(x), params, sampling)
+            q = self._q(self._forward(x), params)
             if self.min_p1 > 0 and i > 0 and q.max() < self.min_p1:
                 fed = i
                 break
@@ -232,10 +229,14 @@ class DraftLM:
         return toks, wide, fed
 
     @staticmethod
-    def _q(logits: mx.array, params: Any, sampling: Any) -> np.ndarray:
+    def _q(logits: mx.array, params: sampling.SamplingParams) -> np.ndarray:
         p = sampling.probs(sampling.logprobs(logits[None]), params)[0]
         q = np.asarray(p, dtype=np.float64)
         return q / q.sum()
+
+
+def _ids(tokens: list[mx.array]) -> list[int]:
+    return [int(t) for t in np.array(mx.concatenate(tokens))]
 
 
 @functools.lru_cache(maxsize=2)
