@@ -102,6 +102,24 @@ def test_draft_cost_is_learned_per_token_and_kept_out_of_the_verify_cost():
     assert math.isclose(step_cost(s.cost, 8, 0.1, s.draft_cost), cost_line(8) + 8 * 0.4 * T)
 
 
+def test_flat_verify_cost_lets_high_acceptance_reach_long_drafts():
+    """A verify costs 3 plain steps from 2 tokens on (MKL's skinny GEMMs here), drafting costs
+    0.4 of a plain step per token and 90% of positions are accepted: 8+ tokens per draft pay
+    best; the rule gets there from the costs it measures on the way."""
+    import random
+
+    rng = random.Random(0)
+    flat = lambda k: T if k == 0 else 3 * T  # noqa: E731
+    s = observe(CFG, LengthState(), 0, 0, T)
+    ks = []
+    for _ in range(60):
+        k = best_k(CFG, s)
+        a = next((i for i in range(k) if rng.random() > 0.9), k)
+        s = observe(CFG, s, k, a, flat(k) + 0.4 * T * k, 0.4 * T * k)
+        ks.append(k)
+    assert min(ks[-20:]) >= 6
+
+
 def test_costly_drafts_shrink_under_rejections_and_grow_under_full_acceptance():
     s = feed_costly(LengthState(), [(0, 0), (16, 16), (8, 8)], per_token=0.3 * T)
     start = best_k(CFG, s)
