@@ -98,8 +98,59 @@ def test_draft_cost_is_learned_per_token_and_kept_out_of_the_verify_cost():
     s = feed_costly(LengthState(), [(0, 0), (4, 2)], per_token=0.4 * T)
     assert math.isclose(s.draft_cost, 0.4 * T)
     assert math.isclose(s.cost[4], cost_line(4))
-    # an unseen length is priced as its verify (line through the seen ones) plus its drafting
-    assert math.isclose(step_cost(s.cost, 8, 0.1, s.draft_cost), cost_line(8) + 8 * 0.4 * T)
+    # an unseen length is priced as its verify (grown from the longest seen) plus its drafting
+    want = cost_line(4) * (1 + 0.1 * 4) + 8 * 0.4 * T
+    assert math.isclose(step_cost(s.cost, 8, 0.1, s.draft_cost), want)
+    assert math.isclose(step_cost(s.cost, 2, 0.1, s.draft_cost), cost_line(2) + 2 * 0.4 * T)
+
+
+@given(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=12), st.sets(st.integers(1, 12)))
+def test_verify_cost_interpolates_and_keeps_the_measured_order(costs, holes):
+    """Measured costs that grow with k give unseen lengths costs that grow too, between the
+    measured neighbours."""
+    from adaspec.policy.draft_length import verify_cost
+
+    costs = sorted(costs)
+    cost = tuple(math.nan if i in holes else c for i, c in enumerate(costs))
+    prev = 0.0
+    for k in range(len(cost) + 6):
+        c = verify_cost(cost, k, 0.08)
+        assert c >= prev - 1e-12
+        prev = c
+        if k < len(cost) and k not in holes:
+            assert c == cost[k]
+
+
+def test_a_step_shaped_verify_cost_does_not_hide_long_drafts():
+    """MKL here: verifying 3+ tokens costs ~2.8 plain steps whatever the count, a draft token
+    0.47. With every draft accepted, long drafts pay (16 tokens: 17 in 11.2 plain steps) though
+    short ones do not (3 tokens: 4 in 4.2); a line through the short lengths hides that."""
+    step = {0: 1.0, 1: 1.7, 2: 2.8}
+    s = observe(CFG, LengthState(), 0, 0, T)
+    for k in (3, 1, 2, 3, 3):  # what the rule tried first on the real pair
+        s = observe(CFG, s, k, k, T * (step.get(k, 2.8) + 0.47 * k), T * 0.47 * k)
+    assert best_k(CFG, s) > 3
+
+
+def test_flat_verify_cost_with_high_acceptance_gets_near_the_best_fixed_length():
+    """A verify costs 3 plain steps from 2 tokens on, drafting 0.4 of a plain step per token,
+    90% of positions are accepted: the rule, learning as it goes, commits at least 80% of the
+    tokens per second of the best fixed draft length (over seeds 0-9, after 50 steps each)."""
+    import random
+
+    flat = lambda k: T if k == 0 else 3 * T  # noqa: E731
+    best = max(sum(0.9**j for j in range(k + 1)) / (flat(k) + 0.4 * T * k) for k in range(17))
+    tokens, spent = 0, 0.0
+    for seed in range(10):
+        rng = random.Random(seed)
+        s = observe(CFG, LengthState(), 0, 0, T)
+        for i in range(150):
+            k = best_k(CFG, s)
+            a = next((j for j in range(k) if rng.random() > 0.9), k)
+            s = observe(CFG, s, k, a, flat(k) + 0.4 * T * k, 0.4 * T * k)
+            if i >= 50:
+                tokens, spent = tokens + a + 1, spent + flat(k) + 0.4 * T * k
+    assert tokens / spent > 0.8 * best
 
 
 def test_costly_drafts_shrink_under_rejections_and_grow_under_full_acceptance():

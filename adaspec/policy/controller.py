@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import mlx.core as mx
@@ -168,17 +168,14 @@ class Decoder:
 
     def step(self, room: int) -> tuple[list[int], list[bool], mx.array, StepStats]:
         """Emit 1..room tokens (fewer only at EOS)."""
-        # 1. how much may we draft? (a draft beyond the room left is cut to fit: verifying a
-        # prefix of a draft is as lossless as verifying all of it)
+        # 1. how much may we draft? (never past the room left before max_tokens)
         budget = min(self.policy.max_draft(), self.cfg.max_draft)
         t0 = time.perf_counter()
         draft = Draft()
         if self.drafter is not None and budget > 0 and room > 1:
-            draft = self.drafter.draft(self._ctx(max_draft=budget))
-            _check_draft(draft, budget, self.target.info.vocab_size, self.drafter.name)
-            if len(draft) > room - 1:
-                q = draft.probs[: room - 1] if draft.probs is not None else None
-                draft = replace(draft, tokens=draft.tokens[: room - 1], probs=q)
+            cap = min(budget, room - 1)
+            draft = self.drafter.draft(self._ctx(max_draft=cap))
+            _check_draft(draft, cap, self.target.info.vocab_size, self.drafter.name)
         t1 = time.perf_counter()
         # 2. verify the pending token plus the draft in one forward, then accept
         fed = [self.committed[-1], *draft.tokens]

@@ -17,8 +17,9 @@ class LengthConfig:
     max_k: int = 16
     weight: float = 0.3  # EMA weight of the newest observation
     prior_accept: float = 0.6  # acceptance assumed before any position was judged
-    prior_slope: float = 0.08  # extra cost per drafted token, as a fraction of a plain step,
-    # assumed until two different draft lengths have been timed
+    # growth of the verify cost per token beyond the longest length measured, as a fraction of
+    # that length's cost
+    prior_slope: float = 0.08
 
 
 @dataclass(frozen=True)
@@ -43,30 +44,30 @@ def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
 def step_cost(
     cost: tuple[float, ...], k: int, prior_slope: float, draft_cost: float = 0.0
 ) -> float | None:
-    """Seconds of a step drafting k: k * draft_cost plus the rest of the step, measured if k was
-    seen, else a least-squares line a + b*k over the lengths seen (b >= 0), or the plain-step
-    time grown by the prior slope."""
+    """Seconds of a step drafting k: k * draft_cost plus the rest of the step (verify cost)."""
     drafting = 0.0 if math.isnan(draft_cost) else k * draft_cost
-    rest = _rest_cost(cost, k, prior_slope)
+    rest = verify_cost(cost, k, prior_slope)
     return None if rest is None else rest + drafting
 
 
-def _rest_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
+def verify_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
+    """cost[k] if measured; between measured lengths, the straight line joining the nearest
+    two; beyond the longest measured length K, cost[K] grown by prior_slope per extra token;
+    below the shortest, its cost. None if nothing was measured. Optimistic beyond K on purpose:
+    a verify's cost grows much slower than linearly on fast BLAS (a step, then flat, on MKL),
+    and a length is measured as soon as it is tried."""
+    seen = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
+    if not seen:
+        return None
     if k < len(cost) and not math.isnan(cost[k]):
         return cost[k]
-    pts = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
-    if not pts:
-        return None
-    if len(pts) == 1:
-        i, c = pts[0]
-        base = c / (1 + prior_slope * i)
-        return base * (1 + prior_slope * k)
-    n = len(pts)
-    mx_ = sum(i for i, _ in pts) / n
-    my = sum(c for _, c in pts) / n
-    var = sum((i - mx_) ** 2 for i, _ in pts)
-    b = max(sum((i - mx_) * (c - my) for i, c in pts) / var, 0.0)
-    return max(my + b * (k - mx_), 1e-9)
+    lo = max(((i, c) for i, c in seen if i < k), default=None)
+    hi = min(((i, c) for i, c in seen if i > k), default=None)
+    if lo is None:
+        return seen[0][1]
+    if hi is None:
+        return lo[1] * (1 + prior_slope * (k - lo[0]))
+    return lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
 
 
 def best_k(cfg: LengthConfig, s: LengthState) -> int:
