@@ -135,6 +135,8 @@ def format_report(d: dict[str, Any]) -> str:
     ]
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
+    if blas.get("note"):
+        lines.append(f"  note: {blas['note']}")
     if "model" in d:
         m = d["model"]
         k = VERIFY_TOKENS

@@ -34,7 +34,7 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # Which BLAS to load into mlx on Linux: auto | mkl | openblas | off | /path/to/lib.so
+    # Which BLAS to load into mlx on Linux: auto | routed | mkl | openblas | off | a path
     blas: str = "auto"
     cache: Path = Field(default_factory=_default_cache)
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
@@ -84,11 +84,13 @@ class Settings(BaseModel):
     @classmethod
     def _blas_choice(cls, v: str) -> str:
         v = v.strip()
-        if v.lower() in {"auto", "mkl", "openblas", "off"}:
+        if v.lower() in {"auto", "routed", "mkl", "openblas", "off"}:
             return v.lower()
         if "/" in v or v.endswith(".so") or ".so." in v:
             return v
-        raise ValueError("accepted: auto, mkl, openblas, off, or a path to a BLAS shared library")
+        raise ValueError(
+            "accepted: auto, routed, mkl, openblas, off, or a path to a BLAS shared library"
+        )
 
     @field_validator("gate", "rollback")
     @classmethod

@@ -11,16 +11,27 @@ from adaspec.kernels import blas
 
 MKL = "/env/lib/libmkl_rt.so.3"
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
+WHEEL = "/env/lib/python3.11/site-packages/scipy_openblas32/lib/libscipy_openblas.so"
+ROUTER = "/cache/kernels/adaspec_blas_route-0.so"
 
 
 def run(requested="auto", *, mkl=MKL, openblas=OPENBLAS, modules=(), platform="linux",
-        already=None, broken=()):  # fmt: skip
-    loaded = []
+        already=None, broken=(), no_compiler=False):  # fmt: skip
+    """-> status, libraries loaded globally, (library, kernel rows) put behind the router"""
+    loaded, routed = [], []
 
     def loader(path):
         if path in broken:
             raise OSError(f"cannot open {path}")
         loaded.append(path)
+
+    def router(path, rows):
+        if no_compiler:
+            raise OSError("no C compiler found to build the BLAS router (set CC)")
+        if path in broken:
+            raise OSError(f"cannot open {path}")
+        routed.append((path, rows))
+        return ROUTER
 
     status = blas.setup(
         requested,
@@ -28,73 +39,97 @@ def run(requested="auto", *, mkl=MKL, openblas=OPENBLAS, modules=(), platform="l
         modules=modules,
         finders={"mkl": lambda: mkl, "openblas": lambda: openblas},
         loader=loader,
+        router=router,
         already_loaded=lambda: already,
     )
-    return status, loaded
+    return status, loaded, routed
 
 
-def test_auto_prefers_mkl():
-    status, loaded = run()
-    assert (status.kind, status.library, loaded) == ("mkl", MKL, [MKL])
-    assert status.fast and status.warning is None
+def test_auto_prefers_the_kernel_in_front_of_openblas():
+    status, loaded, routed = run()
+    assert (status.kind, loaded, routed) == ("routed", [], [(OPENBLAS, blas.KERNEL_ROWS)])
+    assert status.library == f"{ROUTER} + {OPENBLAS}"
+    assert status.fast and status.warning is None and status.note is None
+
+
+def test_routed_uses_mkl_when_openblas_is_missing():
+    status, _, routed = run(openblas=None)
+    assert (status.kind, routed) == ("routed", [(MKL, blas.KERNEL_ROWS)])
+
+
+def test_without_a_compiler_auto_falls_back_to_mkl_and_says_why():
+    status, loaded, routed = run(no_compiler=True)
+    assert (status.kind, loaded, routed) == ("mkl", [MKL], [])
+    assert status.warning is None and "no C compiler" in status.note
 
 
 def test_auto_falls_back_to_openblas():
-    status, loaded = run(mkl=None)
+    status, loaded, _ = run(mkl=None, no_compiler=True)
     assert (status.kind, loaded) == ("openblas", [OPENBLAS])
     assert status.warning is None
 
 
+def test_the_prefixed_wheel_openblas_is_reached_through_the_router_with_the_kernel_off():
+    status, loaded, routed = run("openblas", openblas=WHEEL)
+    assert (status.kind, loaded, routed) == ("openblas", [], [(WHEEL, 0)])
+    assert blas.symbol_prefix(WHEEL) == "scipy_" and blas.symbol_prefix(OPENBLAS) == ""
+
+
 def test_auto_skips_a_library_that_fails_to_load():
-    status, loaded = run(broken=(MKL,))
+    status, loaded, _ = run(broken=(MKL,), no_compiler=True)
     assert (status.kind, loaded) == ("openblas", [OPENBLAS])
+    assert "cannot open" in status.note
 
 
 def test_warns_when_no_fast_blas_exists():
-    status, loaded = run(mkl=None, openblas=None)
-    assert status.kind == "reference" and not status.fast and loaded == []
-    assert "no optimized BLAS" in status.warning and "pip install mkl" in status.warning
+    status, loaded, routed = run(mkl=None, openblas=None)
+    assert status.kind == "reference" and not status.fast and (loaded, routed) == ([], [])
+    assert "no optimized BLAS" in status.warning and "scipy-openblas32" in status.warning
 
 
 def test_warns_with_the_failure_when_every_candidate_breaks():
-    status, _ = run(broken=(MKL, OPENBLAS))
+    status, _, _ = run(broken=(MKL, OPENBLAS))
     assert status.kind == "reference" and "cannot open" in status.warning
 
 
 def test_explicit_choice_is_honoured():
-    status, loaded = run("openblas")
+    status, loaded, _ = run("openblas")
     assert (status.kind, loaded) == ("openblas", [OPENBLAS])
-    status, loaded = run("mkl", mkl=None)
+    status, loaded, _ = run("mkl", mkl=None)
     assert status.kind == "reference" and loaded == [] and "ADASPEC_BLAS=mkl" in status.warning
+    status, _, _ = run("routed", no_compiler=True)
+    assert status.kind == "reference" and "no C compiler" in status.warning
 
 
 def test_custom_path():
-    status, loaded = run("/opt/blas/libcustom.so")
+    status, loaded, _ = run("/opt/blas/libcustom.so")
     assert (status.kind, loaded) == ("custom", ["/opt/blas/libcustom.so"])
-    status, _ = run("/opt/blas/libcustom.so", broken=("/opt/blas/libcustom.so",))
+    status, _, _ = run("/opt/blas/libcustom.so", broken=("/opt/blas/libcustom.so",))
     assert status.kind == "reference" and "could not be loaded" in status.warning
 
 
 def test_off_disables_everything():
-    status, loaded = run("off")
-    assert (status.kind, loaded, status.warning) == ("off", [], None)
+    status, loaded, routed = run("off")
+    assert (status.kind, loaded, routed, status.warning) == ("off", [], [], None)
 
 
 @pytest.mark.parametrize("platform", ["darwin", "win32"])
 def test_no_effect_off_linux(platform):
-    status, loaded = run(platform=platform, modules=("mlx.core",))
+    status, loaded, _ = run(platform=platform, modules=("mlx.core",))
     assert (status.kind, loaded, status.warning) == ("system", [], None)
 
 
 def test_warns_when_mlx_was_imported_first():
-    status, loaded = run(modules=("mlx.core",))
-    assert status.kind == "reference" and loaded == []
+    status, loaded, routed = run(modules=("mlx.core",))
+    assert status.kind == "reference" and loaded == routed == []
     assert "imported before adaspec" in status.warning
 
 
 def test_already_loaded_library_is_reported_not_reloaded():
-    status, loaded = run(modules=("mlx.core",), already="/x/libopenblas.so.0")
+    status, loaded, _ = run(modules=("mlx.core",), already="/x/libopenblas.so.0")
     assert (status.kind, status.library, loaded) == ("openblas", "/x/libopenblas.so.0", [])
+    status, _, _ = run(modules=("mlx.core",), already="/c/kernels/adaspec_blas_route-1.so")
+    assert status.kind == "routed"
 
 
 def test_loaded_fast_blas_reads_the_process_maps(tmp_path):
@@ -122,7 +157,7 @@ def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BLAS loading is Linux-only")
 def test_real_process_mlx_first_warns_once():
     out = _fresh("import mlx.core, adaspec; print(adaspec._blas.status().kind)")
-    assert out.stdout.strip() in ("reference", "mkl", "openblas")
+    assert out.stdout.strip() in ("reference", "routed", "mkl", "openblas")
     if out.stdout.strip() == "reference":
         assert out.stderr.count("imported before adaspec") == 1
 

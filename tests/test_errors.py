@@ -88,7 +88,7 @@ def test_illegal_drafts_are_refused_before_anything_is_emitted(tiny, tokenizer, 
     [
         ({"ADASPEC_PLD_MAX_NGRAM": "abc"}, "ADASPEC_PLD_MAX_NGRAM='abc' is invalid"),
         ({"ADASPEC_PLD_DRAFT_LEN": "0"}, "ADASPEC_PLD_DRAFT_LEN='0' is invalid"),
-        ({"ADASPEC_BLAS": "fast"}, "accepted: auto, mkl, openblas, off"),
+        ({"ADASPEC_BLAS": "fast"}, "accepted: auto, routed, mkl, openblas, off"),
         ({"ADASPEC_NOPE": "1"}, "unknown environment variable ADASPEC_NOPE"),
         ({"ADASPEC_PLD_MIN_NGRAM": "4", "ADASPEC_PLD_MAX_NGRAM": "2"}, "MIN_NGRAM=4 is larger"),
     ],

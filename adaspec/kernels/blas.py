@@ -2,6 +2,12 @@
 
 The mlx-cpu wheel bundles a reference BLAS (~5-7 fp32 GFLOP/s here); mlx resolves cblas symbols
 at load time, so a library opened earlier with RTLD_GLOBAL wins (MKL measured ~170 GFLOP/s).
+
+The BLAS libraries pack the weight matrix for every GEMM with more than one row, so verifying
+a few drafted tokens cost 1.5-1.9x a 1-token step (docs/benchmarks.md). The default, `routed`,
+compiles blas_route.c once into the cache and loads it in front of a BLAS library: GEMMs of up
+to KERNEL_ROWS token rows run on its own two-thread kernel, which streams each weight row once
+for all tokens, the rest (prefill) on OpenBLAS or MKL.
 """
 
 from __future__ import annotations
@@ -9,26 +15,34 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import glob
+import hashlib
 import os
+import shutil
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-FAST_KINDS = ("mkl", "openblas")
+ROUTED = "routed"
+FAST_KINDS = (ROUTED, "mkl", "openblas")
+CHOICES = ("auto", *FAST_KINDS, "off")
+KERNEL_ROWS = 12  # routed: fp32 GEMMs with at most this many rows run on blas_route.c's kernel
+ROUTER_SOURCE = Path(__file__).with_name("blas_route.c")
 FIX = (
-    "install the 'mkl' wheel (pip install mkl) or Debian's libopenblas0-pthread, and import "
-    "adaspec before mlx; set ADASPEC_BLAS=off to silence this"
+    "install the 'mkl' or 'scipy-openblas32' wheel (or Debian's libopenblas0-pthread), and "
+    "import adaspec before mlx; set ADASPEC_BLAS=off to silence this"
 )
 
 
 @dataclass(frozen=True)
 class BlasStatus:
     requested: str
-    kind: str  # mkl | openblas | custom | reference | system | off
-    library: str | None = None
-    warning: str | None = None
+    kind: str  # routed | mkl | openblas | custom | reference | system | off
+    library: str | None = None  # routed: "ROUTER_PATH + LIBRARY_PATH"
+    warning: str | None = None  # set when mlx is left with a slow BLAS
+    note: str | None = None  # why auto passed over a preferred choice
 
     @property
     def fast(self) -> bool:
@@ -54,6 +68,11 @@ def find_mkl() -> str | None:
 
 
 def find_openblas() -> str | None:
+    """The scipy-openblas32 wheel's library (symbols prefixed scipy_), else a system OpenBLAS."""
+    for p in _prefixes():
+        hits = glob.glob(str(p / "lib/python3*/site-packages/scipy_openblas32/lib/*.so"))
+        if hits:
+            return sorted(hits)[0]
     for cand in (
         "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
         "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -63,22 +82,120 @@ def find_openblas() -> str | None:
     return ctypes.util.find_library("openblas")
 
 
+def symbol_prefix(path: str) -> str:
+    """scipy-openblas builds prefix every symbol with scipy_ so they never clash."""
+    return "scipy_" if "scipy_openblas" in os.path.basename(path) else ""
+
+
 def loaded_fast_blas(maps: str = "/proc/self/maps") -> str | None:
-    """Path of an optimized BLAS already mapped into this process, if any."""
+    """Path of an optimized BLAS (or the router) already mapped into this process, if any."""
     try:
         text = Path(maps).read_text()
     except OSError:
         return None
+    found = None
     for line in text.splitlines():
         path = line.split()[-1] if line.split() else ""
         name = os.path.basename(path)
-        if name.startswith(("libmkl_rt", "libopenblas")):
+        if name.startswith("adaspec_blas_route"):
             return path
-    return None
+        if found is None and name.startswith(("libmkl_rt", "libopenblas")):
+            found = path
+    return found
+
+
+def _kind_of_loaded(path: str) -> str:
+    name = os.path.basename(path)
+    if name.startswith("adaspec_blas_route"):
+        return ROUTED
+    return "mkl" if "mkl" in name else "openblas"
+
+
+def build_router(cache: Path, compiler: str | None = None) -> Path:
+    """Compile blas_route.c into `cache`/kernels once (keyed by the source's hash)."""
+    src = ROUTER_SOURCE.read_bytes()
+    out = cache / "kernels" / f"adaspec_blas_route-{hashlib.sha256(src).hexdigest()[:12]}.so"
+    if out.exists():
+        return out
+    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise OSError("no C compiler found to build the BLAS router (set CC)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(tmp)]
+    cmd.append(str(ROUTER_SOURCE))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise OSError(f"{' '.join(cmd)} could not run: {exc}") from None
+    if proc.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-400:]}")
+    os.replace(tmp, out)
+    return out
+
+
+_router: ctypes.CDLL | None = None
+
+
+def route(library: str, cache: Path, kernel_rows: int = KERNEL_ROWS) -> str:
+    """Load `library` privately and the router globally: fp32 GEMMs with up to kernel_rows rows
+    run on the router's kernels, the rest (and every fp64 / complex GEMM) on `library`.
+    Returns the router's path."""
+    global _router
+    router = build_router(cache)
+    lib = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
+
+    def fn(name: str) -> ctypes.c_void_p:
+        try:
+            return ctypes.cast(getattr(lib, symbol_prefix(library) + name), ctypes.c_void_p)
+        except AttributeError:
+            raise OSError(f"{library} has no {symbol_prefix(library) + name}") from None
+
+    args = (fn("cblas_sgemm"), fn("cblas_dgemm"), fn("cblas_cgemm"))
+    shim = ctypes.CDLL(str(router), mode=ctypes.RTLD_GLOBAL)
+    if not shim.adaspec_blas_route(*args, ctypes.c_int(kernel_rows)):
+        shim.adaspec_blas_route(*args, ctypes.c_int(0))  # built without AVX2/FMA: BLAS only
+    _router = shim
+    return str(router)
+
+
+def routed_calls() -> tuple[int, int] | None:
+    """fp32 GEMM calls the router sent to its kernels and to the BLAS library; None if no
+    router is loaded."""
+    if _router is None:
+        return None
+    out = (ctypes.c_ulong * 2)()
+    _router.adaspec_blas_routed(out)
+    return int(out[0]), int(out[1])
+
+
+class _Unavailable(Exception):
+    pass
 
 
 Finders = Mapping[str, Callable[[], str | None]]
 DEFAULT_FINDERS: Finders = {"mkl": find_mkl, "openblas": find_openblas}
+Loader = Callable[[str], object]
+# loads a library behind the router with the kernel on up to N rows; returns the router's path
+Router = Callable[[str, int], str]
+
+
+def _load(kind: str, finders: Finders, loader: Loader, router: Router) -> str:
+    """Load one fast kind; returns its library description. Raises _Unavailable when a
+    library is not installed, OSError when one fails to load."""
+    if kind == ROUTED:  # behind the kernel: OpenBLAS is the faster at prefill shapes
+        path = finders["openblas"]() or finders["mkl"]()
+        if not path:
+            raise _Unavailable("neither openblas nor mkl found")
+        return f"{router(path, KERNEL_ROWS)} + {path}"
+    path = finders[kind]()
+    if not path:
+        raise _Unavailable("not found")
+    if symbol_prefix(path):  # prefixed symbols: mlx can reach them only through the router
+        router(path, 0)  # kernel off: every GEMM goes to the library
+    else:
+        loader(path)
+    return path
 
 
 def setup(
@@ -87,18 +204,20 @@ def setup(
     platform: str = sys.platform,
     modules: Iterable[str] = sys.modules,
     finders: Finders = DEFAULT_FINDERS,
-    loader: Callable[[str], object] = lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL),
+    loader: Loader = lambda p: ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL),
+    router: Router | None = None,
+    cache: Path | None = None,
     already_loaded: Callable[[], str | None] = loaded_fast_blas,
 ) -> BlasStatus:
-    """Load the requested BLAS (auto: MKL, then OpenBLAS); never raises for a missing library."""
+    """Load the requested BLAS (auto: routed, then MKL, then OpenBLAS); never raises for a
+    missing library."""
     if requested == "off":
         return BlasStatus(requested, "off")
     if not platform.startswith("linux"):
         return BlasStatus(requested, "system")
     present = already_loaded()
     if present:
-        kind = "mkl" if "mkl" in os.path.basename(present) else "openblas"
-        return BlasStatus(requested, kind, present)
+        return BlasStatus(requested, _kind_of_loaded(present), present)
     if "mlx.core" in modules:
         return BlasStatus(
             requested,
@@ -106,23 +225,24 @@ def setup(
             warning="mlx.core was imported before adaspec, so its "
             f"bundled reference BLAS (~20x slower) is in use; {FIX}",
         )
+    if router is None:
+        cache_dir = cache or Path.home() / ".cache" / "adaspec"
+        router = lambda path, rows: route(path, cache_dir, rows)  # noqa: E731
     if requested in FAST_KINDS or requested == "auto":
         order = FAST_KINDS if requested == "auto" else (requested,)
+        failures: list[str] = []
         for kind in order:
-            path = finders[kind]()
-            if path:
-                try:
-                    loader(path)
-                    return BlasStatus(requested, kind, path)
-                except OSError as exc:
-                    last = f"{path}: {exc}"
-                    continue
-        detail = f" ({last})" if "last" in locals() else ""
+            try:
+                library = _load(kind, finders, loader, router)
+            except (_Unavailable, OSError) as exc:
+                failures.append(f"{kind}: {exc}")
+                continue
+            return BlasStatus(requested, kind, library, note="; ".join(failures) or None)
         return BlasStatus(
             requested,
             "reference",
-            warning=f"no optimized BLAS found for ADASPEC_BLAS="
-            f"{requested}{detail}; mlx uses its reference BLAS (~20x slower); {FIX}",
+            warning=f"no optimized BLAS could be loaded for ADASPEC_BLAS={requested} "
+            f"({'; '.join(failures)}); mlx uses its reference BLAS (~20x slower); {FIX}",
         )
     try:
         loader(requested)
@@ -130,8 +250,8 @@ def setup(
         return BlasStatus(
             requested,
             "reference",
-            warning=f"ADASPEC_BLAS={requested} could not be "
-            f"loaded ({exc}); accepted: auto, mkl, openblas, off, or a loadable library path",
+            warning=f"ADASPEC_BLAS={requested} could not be loaded ({exc}); accepted: "
+            f"{', '.join(CHOICES)}, or a loadable library path",
         )
     return BlasStatus(requested, "custom", requested)
 
@@ -143,12 +263,11 @@ def ensure(requested: str | None = None) -> BlasStatus:
     """Run `setup` once per process (from ADASPEC_BLAS by default) and warn once if slow."""
     global _status
     if _status is None:
-        if requested is None:
-            from ..settings import from_env
+        from ..settings import from_env
 
-            env = {k: v for k, v in os.environ.items() if k == "ADASPEC_BLAS"}
-            requested = from_env(env).blas
-        _status = setup(requested)
+        env = {k: v for k, v in os.environ.items() if k in ("ADASPEC_BLAS", "ADASPEC_CACHE")}
+        settings = from_env(env)
+        _status = setup(requested or settings.blas, cache=settings.cache)
         if _status.warning:
             warnings.warn(_status.warning, RuntimeWarning, stacklevel=3)
     return _status

@@ -1,0 +1,309 @@
+/* cblas_* entry points that send small-M fp32 GEMMs to our own kernel, the rest to a BLAS.
+ *
+ * mlx's CPU backend computes a Linear layer as cblas_sgemm(RowMajor, NoTrans, Trans, M, N, K,
+ * x, W) with M = the number of token rows. Decoding (M = 1) and verifying a draft (M = 2..17)
+ * are both limited by reading W from memory, yet the BLAS libraries here pack W for every GEMM
+ * with M > 1, so a 2-token verify cost ~1.5x a 1-token step (docs/benchmarks.md). The kernel
+ * below streams each row of W once and multiplies it with all M rows of x while it is in
+ * cache, on two threads, so a verify of a few tokens costs about what a 1-token step costs.
+ *
+ * Routing: RowMajor GEMMs with M <= own_rows go to the kernels (A B^T, and A B with a small
+ * B, as attention's scores @ V); everything else, and every fp64 / complex GEMM, to the BLAS
+ * library. adaspec/kernels/blas.py compiles this file, loads it with RTLD_GLOBAL before mlx,
+ * and calls adaspec_blas_route() before any GEMM runs. */
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
+#define NN_MAX (1L << 20) /* B elements up to which a non-transposed B stays on one thread */
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
+                         const float *, int, float, float *, int);
+typedef void (*dgemm_fn)(int, int, int, int, int, int, double, const double *, int,
+                         const double *, int, double, double *, int);
+typedef void (*cgemm_fn)(int, int, int, int, int, int, const void *, const void *, int,
+                         const void *, int, const void *, void *, int);
+
+static sgemm_fn wide_sgemm;
+static dgemm_fn wide_dgemm;
+static cgemm_fn wide_cgemm;
+static int own_rows = 0;
+static unsigned long routed[2]; /* calls sent to: the kernels, the library */
+
+/* ---- the small-M kernel: C[m][n] = alpha * dot(A[m], B[n]) + beta * C[m][n] ---------- */
+
+static inline void put(float *c, float s, float alpha, float beta) {
+  *c = beta == 0.f ? alpha * s : alpha * s + beta * *c; /* beta 0: C may hold garbage */
+}
+
+static inline float dot_tail(const float *a, const float *b, int k, int K) {
+  float s = 0.f;
+  for (; k < K; k++) s += a[k] * b[k];
+  return s;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_KERNEL 1
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+/* 4 rows of A times 3 rows of B: 12 accumulators, 7 loads per 12 FMAs */
+static void tile_4x3(int K, float al, const float *A, int lda, const float *B, int ldb,
+                     float be, float *C, int ldc) {
+  __m256 acc[4][3];
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++) acc[i][j] = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 w0 = _mm256_loadu_ps(B + k), w1 = _mm256_loadu_ps(B + ldb + k),
+           w2 = _mm256_loadu_ps(B + 2 * (long)ldb + k);
+    for (int i = 0; i < 4; i++) {
+      __m256 x = _mm256_loadu_ps(A + i * (long)lda + k);
+      acc[i][0] = _mm256_fmadd_ps(x, w0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(x, w1, acc[i][1]);
+      acc[i][2] = _mm256_fmadd_ps(x, w2, acc[i][2]);
+    }
+  }
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 3; j++)
+      put(C + i * (long)ldc + j,
+          hsum(acc[i][j]) + dot_tail(A + i * (long)lda, B + j * (long)ldb, k, K), al, be);
+}
+
+/* 1 row of A times 3 rows of B */
+static void tile_1x3(int K, float al, const float *A, const float *B, int ldb, float be,
+                     float *C) {
+  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0;
+  int k = 0;
+  for (; k + 8 <= K; k += 8) {
+    __m256 x = _mm256_loadu_ps(A + k);
+    c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + k), c0);
+    c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + ldb + k), c1);
+    c2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + 2 * (long)ldb + k), c2);
+  }
+  put(C, hsum(c0) + dot_tail(A, B, k, K), al, be);
+  put(C + 1, hsum(c1) + dot_tail(A, B + ldb, k, K), al, be);
+  put(C + 2, hsum(c2) + dot_tail(A, B + 2 * (long)ldb, k, K), al, be);
+}
+
+static void tile_1x1(int K, float al, const float *A, const float *B, float be, float *C) {
+  __m256 c0 = _mm256_setzero_ps();
+  int k = 0;
+  for (; k + 8 <= K; k += 8)
+    c0 = _mm256_fmadd_ps(_mm256_loadu_ps(A + k), _mm256_loadu_ps(B + k), c0);
+  put(C, hsum(c0) + dot_tail(A, B, k, K), al, be);
+}
+
+/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n */
+static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                    int ldb, float be, float *C, int ldc) {
+  for (int m = 0; m < M; m++) {
+    const float *a = A + (long)m * lda;
+    float *c = C + (long)m * ldc;
+    int n0 = 0;
+    for (; n0 + 64 <= N; n0 += 64) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+      for (int k = 0; k < K; k++) {
+        __m256 x = _mm256_set1_ps(a[k]);
+        const float *b = B + (long)k * ldb + n0;
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
+      }
+      float out[64];
+      for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
+      for (int j = 0; j < 64; j++) put(c + n0 + j, out[j], al, be);
+    }
+    for (int n = n0; n < N; n++) {
+      float s = 0.f;
+      for (int k = 0; k < K; k++) s += a[k] * B[(long)k * ldb + n];
+      put(c + n, s, al, be);
+    }
+  }
+}
+
+#define BLOCK_N 48 /* rows of B per block: 48 x K floats stay in L2 while every row of A passes */
+
+/* one thread's share: all M rows of A against rows [0, N) of B */
+static void kernel_part(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                        int ldb, float be, float *C, int ldc) {
+  for (int n0 = 0; n0 < N; n0 += BLOCK_N) {
+    int n1 = n0 + BLOCK_N < N ? n0 + BLOCK_N : N;
+    for (int m = 0; m < M; m++) {
+      const float *a = A + (long)m * lda;
+      float *c = C + (long)m * ldc;
+      int n = n0;
+      if (m + 4 <= M) {
+        for (; n + 3 <= n1; n += 3) tile_4x3(K, al, a, lda, B + (long)n * ldb, ldb, be, c + n, ldc);
+        for (; n < n1; n++)
+          for (int i = 0; i < 4; i++)
+            tile_1x1(K, al, a + i * (long)lda, B + (long)n * ldb, be, c + i * (long)ldc + n);
+        m += 3;
+        continue;
+      }
+      for (; n + 3 <= n1; n += 3) tile_1x3(K, al, a, B + (long)n * ldb, ldb, be, c + n);
+      for (; n < n1; n++) tile_1x1(K, al, a, B + (long)n * ldb, be, c + n);
+    }
+  }
+}
+#else
+#define HAVE_KERNEL 0
+static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                    int ldb, float be, float *C, int ldc) {
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      float s = 0.f;
+      for (int k = 0; k < K; k++) s += A[(long)m * lda + k] * B[(long)k * ldb + n];
+      put(C + (long)m * ldc + n, s, al, be);
+    }
+}
+static void kernel_part(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                        int ldb, float be, float *C, int ldc) {
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++)
+      put(C + (long)m * ldc + n, dot_tail(A + (long)m * lda, B + (long)n * ldb, 0, K), al, be);
+}
+#endif
+
+/* ---- two threads: the caller takes the first half of N, one worker the second --------- */
+
+typedef struct {
+  int M, N, K, lda, ldb, ldc;
+  float al, be;
+  const float *A, *B;
+  float *C;
+} job_t;
+
+static job_t job;
+static atomic_uint posted, finished;
+static atomic_int busy;
+static int worker_started;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+#define SPINS 200000 /* ~ms of polling after a job before the worker sleeps */
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static int split(int N) { return (N / 2) - (N / 2) % 3; }
+
+static unsigned start_seen; /* jobs posted before the worker was created */
+
+static void *worker(void *unused) {
+  (void)unused;
+  unsigned seen = start_seen;
+  for (;;) {
+    unsigned s;
+    long spins = 0;
+    while ((s = atomic_load_explicit(&posted, memory_order_acquire)) == seen) {
+      if (++spins > SPINS) {
+        pthread_mutex_lock(&mu);
+        while (atomic_load(&posted) == seen) pthread_cond_wait(&wake, &mu);
+        pthread_mutex_unlock(&mu);
+        spins = 0;
+      }
+      relax();
+    }
+    seen = s;
+    int h = split(job.N);
+    kernel_part(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
+                job.ldb, job.be, job.C + h, job.ldc);
+    atomic_store_explicit(&finished, s, memory_order_release);
+  }
+  return 0;
+}
+
+static void after_fork_in_child(void) {
+  worker_started = 0; /* the worker thread does not exist in a forked child */
+  atomic_store(&busy, 0);
+}
+
+static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                   int ldb, float be, float *C, int ldc) {
+  /* small N, or another thread is already using the worker: stay on this thread */
+  if (N < 96 || atomic_exchange(&busy, 1)) {
+    kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+    return;
+  }
+  if (!worker_started) {
+    pthread_t t;
+    pthread_atfork(0, 0, after_fork_in_child);
+    start_seen = atomic_load(&posted);
+    if (pthread_create(&t, 0, worker, 0) != 0) {
+      atomic_store(&busy, 0);
+      kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+      return;
+    }
+    pthread_detach(t);
+    worker_started = 1;
+  }
+  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, C};
+  pthread_mutex_lock(&mu);
+  unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
+  pthread_cond_signal(&wake);
+  pthread_mutex_unlock(&mu);
+  kernel_part(M, split(N), K, al, A, lda, B, ldb, be, C, ldc);
+  while (atomic_load_explicit(&finished, memory_order_acquire) != s) relax();
+  atomic_store(&busy, 0);
+}
+
+/* ---- the entry points ------------------------------------------------------------------ */
+
+/* GEMMs with M <= kernel_rows go to the kernels, the rest to the library's functions.
+ * Returns whether this build has the vectorized kernels (without them, pass kernel_rows 0). */
+int adaspec_blas_route(sgemm_fn sgemm, dgemm_fn dgemm, cgemm_fn cgemm, int kernel_rows) {
+  wide_sgemm = sgemm;
+  wide_dgemm = dgemm;
+  wide_cgemm = cgemm;
+  own_rows = kernel_rows;
+  return HAVE_KERNEL;
+}
+
+/* fp32 GEMM calls so far: to the kernels, to the library */
+void adaspec_blas_routed(unsigned long *out) {
+  out[0] = routed[0];
+  out[1] = routed[1];
+}
+
+/* the kernels alone, for tests: C = alpha * A B^T (trans_b) or A B, + beta * C */
+void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const float *A,
+                           int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  if (trans_b)
+    kernel(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    rows_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
+                 int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS) {
+    routed[0]++;
+    kernel(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
+             (long)n * k <= NN_MAX) {
+    routed[0]++;
+    rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    routed[1]++;
+    wide_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+void cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a,
+                 int lda, const double *b, int ldb, double beta, double *c, int ldc) {
+  wide_dgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void cblas_cgemm(int order, int ta, int tb, int m, int n, int k, const void *alpha,
+                 const void *a, int lda, const void *b, int ldb, const void *beta, void *c,
+                 int ldc) {
+  wide_cgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
