@@ -19,6 +19,7 @@ from .settings import get as get_settings
 
 CONTEXT = 32  # short context for the forward timings
 VERIFY_TOKENS = 16
+SIZES = (1, 4, 8, VERIFY_TOKENS)  # forwards timed: a plain step and verifies of 3, 7, 15 drafts
 
 
 def _version(dist: str) -> str | None:
@@ -51,7 +52,8 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
 
 
 def forward_times(model: Any, repeats: int = 7, context: int = CONTEXT) -> dict[str, float]:
-    """Warm median seconds of a 1-token and a 16-token forward after `context` cached tokens."""
+    """Warm median milliseconds of 1-, 4-, 8- and 16-token forwards after `context` cached
+    tokens, and the 16-token forward's cost in 1-token forwards."""
     import mlx.core as mx
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
@@ -75,14 +77,9 @@ def forward_times(model: Any, repeats: int = 7, context: int = CONTEXT) -> dict[
 
         return run
 
-    t1 = _median_seconds(step(1), repeats)
-    tk = _median_seconds(step(VERIFY_TOKENS), repeats)
-    return {
-        "context": context,
-        "forward_1_ms": t1 * 1e3,
-        f"forward_{VERIFY_TOKENS}_ms": tk * 1e3,
-        "verify_cost_ratio": tk / t1,
-    }
+    ms = {f"forward_{n}_ms": _median_seconds(step(n), repeats) * 1e3 for n in SIZES}
+    ratio = ms[f"forward_{VERIFY_TOKENS}_ms"] / ms["forward_1_ms"]
+    return {"context": context, **ms, "verify_cost_ratio": ratio}
 
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
@@ -139,11 +136,11 @@ def format_report(d: dict[str, Any]) -> str:
         lines.append(f"  note: {blas['note']}")
     if "model" in d:
         m = d["model"]
-        k = VERIFY_TOKENS
         lines += [
             f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
-            f"forward       1 token {m['forward_1_ms']:.1f} ms, {k} tokens "
-            f"{m[f'forward_{k}_ms']:.1f} ms at context {m['context']}",
+            f"forward       1 token {m['forward_1_ms']:.1f} ms, "
+            + ", ".join(f"{n} tokens {m[f'forward_{n}_ms']:.1f} ms" for n in SIZES[1:])
+            + f" at context {m['context']}",
             f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
             f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
         ]

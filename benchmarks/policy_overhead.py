@@ -4,7 +4,7 @@ in reading p1 for the entropy gate, on the real default model with PLD.
     python benchmarks/policy_overhead.py [--prompts N] [--max-tokens M]
 """
 
-import argparse
+import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
 import json
 import time
 from pathlib import Path
@@ -48,8 +48,9 @@ def main() -> None:
     for r in recs[: args.prompts]:
         ids = prompt_ids(tok, r["messages"])
         pol = Timed(PolicyConfig.from_settings(get()))
-        for resp in stream_generate(model, tok, ids, drafter="pld", max_tokens=args.max_tokens,
-                                    policy=pol):
+        for resp in stream_generate(
+            model, tok, ids, drafter="pld", max_tokens=args.max_tokens, policy=pol
+        ):
             if resp.step is not None:
                 steps += 1
                 step_s += resp.step.total_s
@@ -57,9 +58,11 @@ def main() -> None:
                     t = time.perf_counter()
                     mx.exp(mx.max(resp.logprobs)).item()
                     p1_s += time.perf_counter() - t
-    print(f"steps {steps}, mean step {step_s / steps * 1e3:.2f} ms, policy "
-          f"{Timed.spent / steps * 1e6:.1f} us/step ({Timed.spent / step_s:.3%} of step time), "
-          f"p1 read {p1_s / steps * 1e6:.1f} us/step ({p1_s / step_s:.3%})")
+    print(
+        f"steps {steps}, mean step {step_s / steps * 1e3:.2f} ms, policy "
+        f"{Timed.spent / steps * 1e6:.1f} us/step ({Timed.spent / step_s:.3%} of step time), "
+        f"p1 read {p1_s / steps * 1e6:.1f} us/step ({p1_s / step_s:.3%})"
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Numbers for docs/benchmarks.md "Real models and BLAS": BLAS choices, load times, perplexity.
 
 python benchmarks/real_models.py blas --rounds 3      # doctor per BLAS, fresh processes
+    [--kinds routed,mkl,openblas,off]
 python benchmarks/real_models.py load                 # cold and warm smollm2-135m load
 python benchmarks/real_models.py ppl --tokens 2048    # Qwen pair on argparse.py
 """
@@ -35,29 +36,32 @@ def _child(args: list[str], **env: str) -> dict:
     return json.loads(out.stdout)
 
 
-def blas(rounds: int, model: str) -> None:
-    kinds = ("mkl", "openblas", "off")
+SIZES = (1, 4, 8, 16)
+
+
+def blas(rounds: int, model: str, kinds: tuple[str, ...]) -> None:
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     for r in range(rounds):
         for kind in kinds:  # interleaved, so background load hits every choice alike
             d = _child(["adaspec", "doctor", "--json", "--model", model], ADASPEC_BLAS=kind)
             rows[kind].append(d)
             m = d["model"]
+            times = " ".join(f"{n}-tok {m[f'forward_{n}_ms']:6.1f}" for n in SIZES)
             print(
                 f"round {r} {kind:8s} {d['blas']['kind']:9s} {d['gflops_fp32']:7.1f} GFLOP/s "
-                f"1-tok {m['forward_1_ms']:6.1f} ms 16-tok {m['forward_16_ms']:6.1f} ms "
-                f"ratio {m['verify_cost_ratio']:.2f} load1 {os.getloadavg()[0]:.2f}",
+                f"{times} ms ratio {m['verify_cost_ratio']:.2f} load1 {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
-    print("\n| ADASPEC_BLAS | library | fp32 GFLOP/s | 1-token ms | 16-token ms | ratio |")
-    print("|---|---|---|---|---|---|")
+    cols = " | ".join(f"{n}-token ms" for n in SIZES)
+    print(f"\n| ADASPEC_BLAS | fp32 GFLOP/s | {cols} | 16/1 ratio |")
+    print("|---" * (3 + len(SIZES)) + "|")
     for kind, ds in rows.items():
         models = [d["model"] for d in ds]
+        times = " | ".join(
+            f"{statistics.median(m[f'forward_{n}_ms'] for m in models):.1f}" for n in SIZES
+        )
         print(
-            f"| {kind} | {ds[0]['blas']['library'] or 'bundled reference'} "
-            f"| {statistics.median(d['gflops_fp32'] for d in ds):.1f} "
-            f"| {statistics.median(m['forward_1_ms'] for m in models):.1f} "
-            f"| {statistics.median(m['forward_16_ms'] for m in models):.1f} "
+            f"| {kind} | {statistics.median(d['gflops_fp32'] for d in ds):.1f} | {times} "
             f"| {statistics.median(m['verify_cost_ratio'] for m in models):.2f} |"
         )
 
@@ -107,9 +111,10 @@ def main() -> None:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--window", type=int, default=1024)
+    p.add_argument("--kinds", default="routed,mkl,openblas,off", help="ADASPEC_BLAS choices")
     a = p.parse_args()
     if a.what == "blas":
-        blas(a.rounds, a.model)
+        blas(a.rounds, a.model, tuple(a.kinds.split(",")))
     elif a.what == "load":
         load(a.rounds)
     else:
