@@ -9,6 +9,7 @@ from adaspec.policy.draft_length import (
     LengthConfig,
     LengthState,
     best_k,
+    choose_k,
     expected_tokens,
     observe,
     step_cost,
@@ -20,6 +21,10 @@ T = 0.05
 
 def cost_line(k):
     return T * (1 + 0.1 * k)  # a verify of k+1 tokens: +10% of a plain step per token
+
+
+# a state past the first (cold, unlearnt) step of a generation
+WARM = observe(CFG, LengthState(), 0, 0, 1.0)
 
 
 def feed(s, steps):
@@ -44,14 +49,14 @@ def test_never_leaves_the_bounds(steps, lo, hi):
 
 
 def test_shrinks_under_repeated_rejections():
-    s = feed(LengthState(), [(0, 0), (16, 16), (8, 8)])
+    s = feed(WARM, [(0, 0), (16, 16), (8, 8)])
     start = best_k(CFG, s)
     s = feed(s, [(best_k(CFG, s), 0) for _ in range(30)])
     assert best_k(CFG, s) < start and best_k(CFG, s) == CFG.min_k
 
 
 def test_grows_under_full_acceptance():
-    s = feed(LengthState(), [(0, 0), (2, 0), (2, 0), (2, 0), (1, 0)])
+    s = feed(WARM, [(0, 0), (2, 0), (2, 0), (2, 0), (1, 0)])
     low = best_k(CFG, s)
     for _ in range(40):
         k = best_k(CFG, s)
@@ -95,7 +100,7 @@ def test_never_leaves_the_bounds_with_draft_cost(steps, per_token_ar, lo, hi):
 
 
 def test_draft_cost_is_learned_per_token_and_kept_out_of_the_verify_cost():
-    s = feed_costly(LengthState(), [(0, 0), (4, 2)], per_token=0.4 * T)
+    s = feed_costly(WARM, [(0, 0), (4, 2)], per_token=0.4 * T)
     assert math.isclose(s.draft_cost, 0.4 * T)
     assert math.isclose(s.cost[4], cost_line(4))
     # an unseen length is priced as its verify (grown from the longest seen) plus its drafting
@@ -171,3 +176,40 @@ def test_a_costlier_drafter_gets_shorter_drafts():
     cheap = best_k(CFG, feed_costly(LengthState(), history, per_token=0.0))
     costly = best_k(CFG, feed_costly(LengthState(), history, per_token=0.5 * T))
     assert costly < cheap
+
+
+# ---- one bad measurement must not pin the rule to short drafts --------------------------------
+
+
+def test_a_cold_first_step_is_not_learnt():
+    s = observe(CFG, LengthState(), 4, 0, 10 * T)
+    assert all(math.isnan(c) for c in s.cost) and math.isnan(s.draft_cost)
+    assert s.accept[0] < CFG.prior_accept  # acceptance is still learnt
+
+
+def test_an_outlier_on_a_long_length_is_measured_again_and_long_drafts_return():
+    """A contended 4-token verify (3x its true cost) and then short drafts only: exploration
+    re-measures the longer lengths, and full acceptance takes the rule to max_k."""
+    s = feed(WARM, [(0, 0), (1, 1)])
+    s = observe(CFG, s, 4, 0, 3 * cost_line(4))
+    for _ in range(60):
+        k = choose_k(CFG, s)
+        s = observe(CFG, s, k, k, cost_line(k))
+    assert best_k(CFG, s) == CFG.max_k
+
+
+@given(st.integers(0, 200))
+def test_exploration_only_lengthens_and_stays_in_bounds(steps):
+    s = LengthState(steps=steps, cost=tuple(cost_line(k) for k in range(17)), accept=(0.5,) * 16)
+    k = choose_k(CFG, s)
+    assert best_k(CFG, s) <= k <= CFG.max_k
+    if CFG.explore_every and steps % CFG.explore_every != CFG.explore_every - 1:
+        assert k == best_k(CFG, s)
+
+
+def test_a_stale_cost_is_replaced_not_blended():
+    s = feed(WARM, [(0, 0), (4, 4)])
+    s = observe(CFG, s, 4, 4, 10 * T)  # outlier blended in
+    s = feed(s, [(1, 1)] * (CFG.stale_after + 1))
+    s = observe(CFG, s, 4, 4, cost_line(4))
+    assert math.isclose(s.cost[4], cost_line(4))

@@ -101,7 +101,7 @@ class GatedPolicy:
             return 0  # one plain step to (re)measure t_ar at this context
         if self.cfg.length is None:
             return UNLIMITED
-        return draft_length.best_k(self.cfg.length, self.length)
+        return draft_length.choose_k(self.cfg.length, self.length)
 
     def plain_ahead(self) -> int:
         return self.floor.ar_left if self.floor.floored else 0

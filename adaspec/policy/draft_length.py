@@ -20,6 +20,11 @@ class LengthConfig:
     # growth of the verify cost per token beyond the longest length measured, as a fraction of
     # that length's cost
     prior_slope: float = 0.08
+    # every explore_every-th step drafts twice the best length, so a length priced by one bad
+    # (cold, or contended) measurement is measured again; 0 = never
+    explore_every: int = 8
+    # a cost not refreshed for this many steps is replaced by the next measurement, not blended
+    stale_after: int = 16
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,8 @@ class LengthState:
     # cost[k]: EMA seconds of a step that drafted k, without its drafting (nan: unseen)
     cost: tuple[float, ...] = ()
     draft_cost: float = math.nan  # EMA seconds of drafting one token (nan: never timed)
+    steps: int = 0  # steps observed
+    timed_at: tuple[int, ...] = ()  # timed_at[k]: the step cost[k] was last updated at
 
 
 def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
@@ -70,6 +77,14 @@ def verify_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | 
     return lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
 
 
+def choose_k(cfg: LengthConfig, s: LengthState) -> int:
+    """best_k, except every explore_every-th step: twice that (within max_k)."""
+    k = best_k(cfg, s)
+    if cfg.explore_every and s.steps % cfg.explore_every == cfg.explore_every - 1:
+        return min(cfg.max_k, 2 * k)
+    return k
+
+
 def best_k(cfg: LengthConfig, s: LengthState) -> int:
     """The draft length in [min_k, max_k] with the most expected tokens per second."""
     best, best_rate = cfg.max_k, -1.0
@@ -97,14 +112,28 @@ def observe(
 ) -> LengthState:
     """Learn from one step: positions before `accepted` were accepted, position `accepted`
     (if drafted) was rejected, later ones were never judged; of the step's time, draft_s / drafted
-    is the draft cost per token and the rest is cost[drafted]."""
+    is the draft cost per token and the rest is cost[drafted]. The first step of a generation
+    runs cold, so its time is not learnt."""
     accept = list(s.accept) + [math.nan] * max(0, drafted - len(s.accept))
     for i in range(min(drafted, accepted + 1)):
         accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, cfg.weight)
     accept = [cfg.prior_accept if math.isnan(a) else a for a in accept]
-    cost = list(s.cost) + [math.nan] * max(0, drafted + 1 - len(s.cost))
-    cost[drafted] = _ema(cost[drafted], max(step_s - draft_s, 0.0), cfg.weight)
+    grow = max(0, drafted + 1 - len(s.cost))
+    cost, timed_at = list(s.cost) + [math.nan] * grow, list(s.timed_at) + [0] * grow
     per_token = s.draft_cost
-    if drafted > 0:
-        per_token = _ema(per_token, draft_s / drafted, cfg.weight)
-    return replace(s, accept=tuple(accept), cost=tuple(cost), draft_cost=per_token)
+    if s.steps > 0:
+        stale = s.steps - timed_at[drafted] > cfg.stale_after
+        cost[drafted] = _ema(
+            math.nan if stale else cost[drafted], max(step_s - draft_s, 0.0), cfg.weight
+        )
+        timed_at[drafted] = s.steps
+        if drafted > 0:
+            per_token = _ema(per_token, draft_s / drafted, cfg.weight)
+    return replace(
+        s,
+        accept=tuple(accept),
+        cost=tuple(cost),
+        draft_cost=per_token,
+        steps=s.steps + 1,
+        timed_at=tuple(timed_at),
+    )
