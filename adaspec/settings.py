@@ -51,7 +51,7 @@ class Settings(BaseModel):
     dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)
     dflash_ctx_sink: int = Field(4, ge=0, le=1024)
     # Gates (DESIGN §5): which are active, and their thresholds
-    gate: str = "both"
+    gate: str = "commit"
     gate_ar_p1: float = Field(0.90, gt=0, le=1)
     gate_tie_p1: float = Field(0.45, ge=0, le=1)
     gate_entropy_sustain: int = Field(2, ge=1, le=1000)
