@@ -13,6 +13,7 @@
  * and calls adaspec_blas_route() before any GEMM runs. */
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
@@ -180,7 +181,11 @@ typedef struct {
 } job_t;
 
 static job_t job;
-static atomic_uint posted, finished;
+/* posted: jobs posted; claimed: the newest job whose second half someone took (the worker,
+ * or the caller itself when the worker has not started on it by the time the caller's own
+ * half is done: under CPU contention the worker may not be running at all); finished: the
+ * newest job the worker completed. */
+static atomic_uint posted, claimed, finished;
 static atomic_int busy;
 static int worker_started;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -211,8 +216,11 @@ static void *worker(void *unused) {
         spins = 0;
       }
       relax();
+      if ((spins & 63) == 0) sched_yield(); /* let other work in while idle */
     }
     seen = s;
+    unsigned expect = s - 1;
+    if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
     int h = split(job.N);
     kernel_part(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
                 job.ldb, job.be, job.C + h, job.ldc);
@@ -223,6 +231,8 @@ static void *worker(void *unused) {
 
 static void after_fork_in_child(void) {
   worker_started = 0; /* the worker thread does not exist in a forked child */
+  atomic_store(&claimed, atomic_load(&posted));
+  atomic_store(&finished, atomic_load(&posted));
   atomic_store(&busy, 0);
 }
 
@@ -250,8 +260,18 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
   unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
   pthread_cond_signal(&wake);
   pthread_mutex_unlock(&mu);
-  kernel_part(M, split(N), K, al, A, lda, B, ldb, be, C, ldc);
-  while (atomic_load_explicit(&finished, memory_order_acquire) != s) relax();
+  int h = split(N);
+  kernel_part(M, h, K, al, A, lda, B, ldb, be, C, ldc);
+  unsigned expect = s - 1;
+  if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
+    /* the worker has not started on it: do the second half here rather than wait for it */
+    kernel_part(M, N - h, K, al, A, lda, B + (long)h * ldb, ldb, be, C + h, ldc);
+  } else {
+    for (long spins = 0; atomic_load_explicit(&finished, memory_order_acquire) != s; spins++) {
+      relax();
+      if (spins > 1000) sched_yield(); /* the worker was preempted: give it the core */
+    }
+  }
   atomic_store(&busy, 0);
 }
 
