@@ -24,7 +24,7 @@ GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 
 
-def _default_cache() -> Path:
+def default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "adaspec"
 
@@ -36,7 +36,7 @@ class Settings(BaseModel):
 
     # Which BLAS to load into mlx on Linux: auto | routed | mkl | openblas | off | a path
     blas: str = "auto"
-    cache: Path = Field(default_factory=_default_cache)
+    cache: Path = Field(default_factory=default_cache)
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
     rollback: str = "auto"

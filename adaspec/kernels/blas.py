@@ -111,10 +111,20 @@ def _kind_of_loaded(path: str) -> str:
     return "mkl" if "mkl" in name else "openblas"
 
 
+def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> bytes:
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return b""
+    return next((ln for ln in text.splitlines() if ln.startswith("flags")), "").encode()
+
+
 def build_router(cache: Path, compiler: str | None = None) -> Path:
-    """Compile blas_route.c into `cache`/kernels once (keyed by the source's hash)."""
-    src = ROUTER_SOURCE.read_bytes()
-    out = cache / "kernels" / f"adaspec_blas_route-{hashlib.sha256(src).hexdigest()[:12]}.so"
+    """Compile blas_route.c into `cache`/kernels once. It is built with -march=native, so the
+    key is the source's hash and this CPU's feature flags (a cache shared by other CPUs never
+    hands one a binary built for another)."""
+    key = hashlib.sha256(ROUTER_SOURCE.read_bytes() + _cpu_flags()).hexdigest()[:12]
+    out = cache / "kernels" / f"adaspec_blas_route-{key}.so"
     if out.exists():
         return out
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -226,7 +236,9 @@ def setup(
             f"bundled reference BLAS (~20x slower) is in use; {FIX}",
         )
     if router is None:
-        cache_dir = cache or Path.home() / ".cache" / "adaspec"
+        from ..settings import default_cache
+
+        cache_dir = cache or default_cache()
         router = lambda path, rows: route(path, cache_dir, rows)  # noqa: E731
     if requested in FAST_KINDS or requested == "auto":
         order = FAST_KINDS if requested == "auto" else (requested,)
