@@ -12,6 +12,7 @@ from adaspec.policy.draft_length import (
     choose_k,
     expected_tokens,
     observe,
+    reach,
     step_cost,
 )
 
@@ -59,7 +60,7 @@ def test_grows_under_full_acceptance():
     s = feed(WARM, [(0, 0), (2, 0), (2, 0), (2, 0), (1, 0)])
     low = best_k(CFG, s)
     for _ in range(40):
-        k = best_k(CFG, s)
+        k = choose_k(CFG, s)  # lengths past twice the longest measured are reached by exploring
         s = observe(CFG, s, k, k, cost_line(k))
     assert best_k(CFG, s) > low and best_k(CFG, s) == CFG.max_k
 
@@ -129,10 +130,11 @@ def test_verify_cost_interpolates_and_keeps_the_measured_order(costs, holes):
 def test_a_step_shaped_verify_cost_does_not_hide_long_drafts():
     """MKL here: verifying 3+ tokens costs ~2.8 plain steps whatever the count, a draft token
     0.47. With every draft accepted, long drafts pay (16 tokens: 17 in 11.2 plain steps) though
-    short ones do not (3 tokens: 4 in 4.2); a line through the short lengths hides that."""
+    short ones do not (3 tokens: 4 in 4.2); a line through the short lengths hides that. (Ten
+    fully accepted steps: acceptance starts from the prior, so five would not yet pay.)"""
     step = {0: 1.0, 1: 1.7, 2: 2.8}
     s = observe(CFG, LengthState(), 0, 0, T)
-    for k in (3, 1, 2, 3, 3):  # what the rule tried first on the real pair
+    for k in (3, 1, 2, 3, 3) * 2:  # what the rule tried first on the real pair, twice
         s = observe(CFG, s, k, k, T * (step.get(k, 2.8) + 0.47 * k), T * 0.47 * k)
     assert best_k(CFG, s) > 3
 
@@ -166,9 +168,29 @@ def test_costly_drafts_shrink_under_rejections_and_grow_under_full_acceptance():
     assert best_k(CFG, s) < start and best_k(CFG, s) == CFG.min_k
     low = best_k(CFG, s)
     for _ in range(60):
-        k = best_k(CFG, s)
+        k = choose_k(CFG, s)
         s = feed_costly(s, [(k, k)], per_token=0.3 * T)
     assert best_k(CFG, s) > low and best_k(CFG, s) == CFG.max_k
+
+
+def test_one_accepted_draft_is_not_taken_for_certainty():
+    """The Qwen pair (session 4 trace): plain step 206 ms, a 0.5B draft token 90 ms, a 3-token
+    verify 277 ms, all 3 accepted once. The rule must not jump to 16 tokens (2.3 s, rejected at
+    the first token on the real run): it stays within twice the measured length."""
+    ms = 1e-3
+    s = observe(CFG, LengthState(), 0, 0, 240 * ms)  # cold
+    s = observe(CFG, s, 0, 0, 206 * ms)
+    s = observe(CFG, s, 3, 3, (277 + 285) * ms, 285 * ms)
+    assert s.accept[0] < 1.0
+    assert 1 <= best_k(CFG, s) <= 6 and choose_k(CFG, s) <= 12
+
+
+@given(st.integers(1, 15))
+def test_reach_is_twice_the_longest_measured_length(k):
+    s = observe(CFG, observe(CFG, LengthState(), 0, 0, T), k, k, cost_line(k))
+    assert reach(CFG, s) == min(CFG.max_k, 2 * k)
+    assert best_k(CFG, s) <= reach(CFG, s)
+    assert reach(CFG, observe(CFG, LengthState(), 0, 0, T)) == CFG.max_k
 
 
 def test_a_costlier_drafter_gets_shorter_drafts():

@@ -16,7 +16,9 @@ class LengthConfig:
     min_k: int = 1
     max_k: int = 16
     weight: float = 0.3  # EMA weight of the newest observation
-    prior_accept: float = 0.6  # acceptance assumed before any position was judged
+    # acceptance assumed before any position was judged, and where the EMAs start: one accepted
+    # draft must not read as certainty (it once sent a costly drafter from 3 to 16 tokens)
+    prior_accept: float = 0.6
     # growth of the verify cost per token beyond the longest length measured, as a fraction of
     # that length's cost
     prior_slope: float = 0.08
@@ -85,10 +87,17 @@ def choose_k(cfg: LengthConfig, s: LengthState) -> int:
     return k
 
 
+def reach(cfg: LengthConfig, s: LengthState) -> int:
+    """The longest length best_k may pick: twice the longest drafted length whose cost was
+    measured (max_k while none was), so an extrapolated cost is never trusted far."""
+    longest = max((i for i, c in enumerate(s.cost) if i > 0 and not math.isnan(c)), default=0)
+    return cfg.max_k if longest == 0 else max(cfg.min_k, min(cfg.max_k, 2 * longest))
+
+
 def best_k(cfg: LengthConfig, s: LengthState) -> int:
-    """The draft length in [min_k, max_k] with the most expected tokens per second."""
+    """The draft length in [min_k, reach] with the most expected tokens per second."""
     best, best_rate = cfg.max_k, -1.0
-    for k in range(cfg.min_k, cfg.max_k + 1):
+    for k in range(cfg.min_k, reach(cfg, s) + 1):
         c = step_cost(s.cost, k, cfg.prior_slope, s.draft_cost)
         if c is None:
             return cfg.max_k  # nothing timed yet: start long and learn
@@ -114,10 +123,12 @@ def observe(
     (if drafted) was rejected, later ones were never judged; of the step's time, draft_s / drafted
     is the draft cost per token and the rest is cost[drafted]. The first step of a generation
     runs cold, so its time is not learnt."""
-    accept = list(s.accept) + [math.nan] * max(0, drafted - len(s.accept))
+    # a position judged for the first time starts from what was assumed for it (the deepest
+    # position's estimate, or the prior)
+    beyond = s.accept[-1] if s.accept else cfg.prior_accept
+    accept = list(s.accept) + [beyond] * max(0, drafted - len(s.accept))
     for i in range(min(drafted, accepted + 1)):
         accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, cfg.weight)
-    accept = [cfg.prior_accept if math.isnan(a) else a for a in accept]
     grow = max(0, drafted + 1 - len(s.cost))
     cost, timed_at = list(s.cost) + [math.nan] * grow, list(s.timed_at) + [0] * grow
     per_token = s.draft_cost
