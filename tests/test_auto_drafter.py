@@ -46,8 +46,8 @@ def test_greedy_output_equals_ar_and_states_stay_in_sync(
     dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=max_tokens))
     out = [e.token for e in decode(dec, prompt)]
     assert out == ar_greedy(target, prompt, max_tokens)
-    assert d.pld.tokens == d.dflash.tokens == dec.committed == prompt + out
-    assert d.dflash.cache.length == len(dec.committed) - 1
+    assert d.pld.tokens == d.fallback.tokens == dec.committed == prompt + out
+    assert d.fallback.cache.length == len(dec.committed) - 1
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))
@@ -59,7 +59,7 @@ def test_both_drafters_are_used_and_dflash_context_follows_pld_steps(arch):
     out = [e.token for e in decode(dec, prompt)]
     assert out == ar_greedy(target, prompt, 40)
     assert d.used["pld"] > 0 and d.used["dflash"] > 0, d.used
-    assert_context_matches_fresh_prefill(target, d.dflash, dec.committed)
+    assert_context_matches_fresh_prefill(target, d.fallback, dec.committed)
 
 
 def test_choice_follows_the_match_length():
@@ -70,8 +70,8 @@ def test_choice_follows_the_match_length():
     assert d.draft(ctx(prompt, max_draft=4)).tokens == (3, 9, 1, 2) and d.last == "pld"
     d.min_match = 3  # a 2-token match is no longer enough
     draft = d.draft(ctx(prompt, max_draft=4))
-    assert d.last == "dflash" and draft == d.dflash.draft(ctx(prompt, max_draft=4))
-    assert d.needs_taps == d.dflash.needs_taps and d.vocab_size == V
+    assert d.last == "dflash" and draft == d.fallback.draft(ctx(prompt, max_draft=4))
+    assert d.needs_taps == d.fallback.needs_taps and d.vocab_size == V
     assert isinstance(d, DraftModel)
 
 
@@ -90,8 +90,8 @@ def test_advance_and_rollback_reach_both_drafters(ops):
             n = min(n, len(model) - 1)
             d.rollback(n)
             del model[len(model) - n :]
-        assert d.pld.tokens == d.dflash.tokens == model
-        assert d.dflash.cache.length == len(model) - 1
+        assert d.pld.tokens == d.fallback.tokens == model
+        assert d.fallback.cache.length == len(model) - 1
     with pytest.raises(DrafterError, match="auto rollback"):
         d.rollback(len(model) + 1)
 
@@ -102,9 +102,9 @@ def test_factory(tmp_path):
     tiny_drafter(target, block=5).save(tmp_path / "ck")
     s = settings_mod.from_env({"ADASPEC_AUTO_PLD_MIN_MATCH": "3"})
     d = make(f"auto:{tmp_path / 'ck'}", info, s)
-    assert isinstance(d, AutoDrafter) and d.min_match == 3 and d.dflash.block == 5
+    assert isinstance(d, AutoDrafter) and d.min_match == 3 and d.fallback.block == 5
     d = make(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)
-    assert d.min_match == 1 and d.dflash.block == 3
+    assert d.min_match == 1 and d.fallback.block == 3
     with pytest.raises(DrafterError, match="auto needs a DFlash checkpoint folder"):
         make("auto", info, s)
     with pytest.raises(DrafterError, match="auto needs a DFlash checkpoint folder"):

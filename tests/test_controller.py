@@ -1,11 +1,14 @@
 """Tier 2: greedy speculative output == mlx-lm greedy AR for any draft, on tiny real models."""
 
+import pytest
 from drafters_for_tests import ScriptedDrafter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import prompts, step_program
 from tiny import VOCAB, ar_greedy
 
+from adaspec.drafters.base import Draft, DraftContext
+from adaspec.errors import DrafterError
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.policy.controller import (
@@ -15,6 +18,7 @@ from adaspec.policy.controller import (
     NeverSpeculate,
     decode,
 )
+from adaspec.policy.stats import StepStats
 from adaspec.targets.adapter import KVTarget
 
 
@@ -110,3 +114,50 @@ def test_gates_never_change_the_greedy_output(tiny, prompt, max_tokens, program,
     )
     assert [e.token for e in decode(dec, prompt)] == ref
     assert drafter.tokens == prompt + ref
+
+
+class _SplitBudget(AlwaysSpeculate):
+    """Costly drafts capped at 1 token, cheap ones at 5."""
+
+    def max_draft(self) -> int:
+        return 1
+
+    def max_cheap_draft(self) -> int:
+        return 5
+
+
+class _Fixed(ScriptedDrafter):
+    def __init__(self, reference, n_prompt, cheap):
+        super().__init__([("oracle", 5, 0)], reference, n_prompt, VOCAB)
+        self.cheap = cheap
+
+    def draft(self, ctx):
+        assert ctx.max_draft <= 1 and ctx.cheap_cap <= 5
+        d = super().draft(DraftContext(ctx.tokens, ctx.cheap_cap))
+        return Draft(d.tokens, cheap=self.cheap)
+
+
+def test_a_cheap_draft_gets_its_own_budget_and_a_costly_one_is_held_to_max_draft(tiny):
+    prompt = [1, 2, 3]
+    ref = ar_greedy(tiny, prompt, 12)
+    dec = Decoder(KVTarget(tiny), _Fixed(ref, 3, True), DecodeConfig(max_tokens=12), _SplitBudget())
+    assert [e.token for e in decode(dec, prompt)] == ref
+    assert dec.stats.steps == 2  # 5 drafted + bonus, twice
+    dec = Decoder(
+        KVTarget(tiny), _Fixed(ref, 3, False), DecodeConfig(max_tokens=12), _SplitBudget()
+    )
+    with pytest.raises(DrafterError, match="proposed 5 tokens; at most 1 allowed"):
+        list(decode(dec, prompt))
+
+
+def test_the_policy_prices_cheap_and_costly_drafts_apart():
+    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
+    for _ in range(3):
+        pol.observe(StepStats(0, 0, 1, False, 0.0, 0.05, 0.0))
+    for _ in range(10):  # free copies, all accepted
+        pol.observe(StepStats(8, 8, 9, True, 1e-4, 0.09, 0.0, cheap=True))
+    assert pol.length.accept == () and pol.cheap_length.accept[0] > 0.9
+    for _ in range(10):  # a model drafter: 0.04 s per token, mostly rejected
+        pol.observe(StepStats(2, 0, 1, True, 0.08, 0.06, 0.0))
+    assert pol.max_draft() < pol.max_cheap_draft()
+    assert pol.cheap_length.draft_cost < 1e-3 < pol.length.draft_cost

@@ -274,3 +274,24 @@ def test_rejection_sampling_accepts_more_than_sample_and_match():
     _, rs = run_many(lambda: DraftLM(S_DRAFT, None, info), params, 300)
     _, sm = run_many(lambda: DraftLM(S_DRAFT, None, info, send_q=False), params, 300)
     assert rs > sm + 0.2, (rs, sm)
+
+
+def test_auto_falls_back_to_a_draft_model_and_stays_lossless(tmp_path):
+    """auto:draft-model:DIR: PLD (cheap) on a long enough match, the small model otherwise."""
+    from adaspec.drafters.auto import AutoDrafter
+    from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+
+    folder = save_tiny(DRAFTS["qwen3", 300], TOK, tmp_path / "draft")
+    s = from_env({}, cache=str(tmp_path / "cache"))
+    target = TARGETS["qwen3"]
+    info = target_info(target, TOK)
+    d = registry.make(f"auto:draft-model:{folder},min_p1=0.2,min_match=2", info, s)
+    assert isinstance(d, AutoDrafter) and isinstance(d.fallback, DraftLM)
+    assert d.min_match == 2 and d.fallback.min_p1 == 0.2
+    prompt = [5, 6, 7, 8, 9, 10, 11] * 3 + [40, 41]
+    dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=30), GatedPolicy(PolicyConfig()))
+    out = [e.token for e in decode(dec, prompt)]
+    assert out == ar_greedy(target, prompt, 30)
+    assert d.used["draft-model"] > 0 and d.pld.tokens == d.fallback.tokens == prompt + out
+    with pytest.raises(DrafterError, match="PLD already comes first"):
+        registry.make("auto:pld", info, s)

@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--peer-draft",
         default=None,
         metavar="PATH_OR_NAME",
-        help="the peer's draft model (default: the model of --drafter draft-model:...)",
+        help="the peer's draft model (default: the model of --drafter [auto:]draft-model:...)",
     )
     p.add_argument(
         "--peer-k",
@@ -96,6 +96,8 @@ def _peer(args: argparse.Namespace):
         return None
     draft = args.peer_draft
     name, arg = parse_spec(args.drafter)
+    if name == "auto" and arg:  # auto:draft-model:NAME -- PLD first, then that model
+        name, arg = parse_spec(arg)
     if draft is None and name == "draft-model" and arg:
         draft = arg.split(",")[0].strip()
     check_peer(args.peer, draft)

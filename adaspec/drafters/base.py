@@ -30,6 +30,9 @@ class Draft:
     # catching up on tokens committed while floored): counted in the stats, not held against
     # speculation by the gates and the draft-length rule
     setup_s: float = 0.0
+    # making this draft cost next to nothing (a prompt-lookup copy): it may be as long as
+    # ctx.max_cheap, and the draft-length rule prices it apart from costly drafts
+    cheap: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -51,6 +54,8 @@ class DraftContext:
 
     tokens: the committed sequence (prompt + generated), read-only.
     max_draft: most tokens the drafter may propose now (room left and the policy's cap).
+    max_cheap: most tokens of a draft marked `cheap` (the policy prices free drafts apart, so
+      a copy from the prompt may be longer, or shorter, than a costly draft); None: max_draft.
     features: (m, F) target tap features for the m newly cached positions, or None when the
       drafter declares no taps. In `prefill` the rows are prompt_tokens[:-1]; in `advance` row i
       is the position whose logits predicted committed_tokens[i].
@@ -62,10 +67,16 @@ class DraftContext:
 
     tokens: Sequence[int]
     max_draft: int
+    max_cheap: int | None = None
     features: mx.array | None = None
     temperature: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     sampling: SamplingParams | None = None
+
+    @property
+    def cheap_cap(self) -> int:
+        """Most tokens a draft marked `cheap` may hold."""
+        return self.max_draft if self.max_cheap is None else self.max_cheap
 
 
 @runtime_checkable

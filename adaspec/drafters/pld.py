@@ -68,7 +68,7 @@ class PromptLookup:
         self._append(prompt_tokens)
 
     def draft(self, ctx: DraftContext) -> Draft:
-        k = min(self.draft_len, ctx.max_draft)
+        k = min(self.draft_len, ctx.cheap_cap)
         self.last_match = 0
         if k <= 0:
             return Draft()
@@ -81,7 +81,7 @@ class PromptLookup:
                 toks = tuple(self.tokens[s : s + k])
                 # text being copied: the match runs on well past the n-gram
                 strong = len(toks) >= 2 and self._match_len(s, n) >= self.strong_match
-                return Draft(toks, strong=strong)
+                return Draft(toks, strong=strong, cheap=True)
         return Draft()
 
     def _match_len(self, s: int, n: int) -> int:

@@ -86,7 +86,10 @@ class GatedPolicy:
         self.context = 0
         self.measure_steps = 0
         self.lifts = 0
+        # costly drafts (a model's forwards) and cheap ones (prompt-lookup copies) are priced
+        # apart: their acceptance and drafting cost differ by far; plain steps teach both
         self.length = draft_length.LengthState()
+        self.cheap_length = draft_length.LengthState()
         self._reset_gates()
 
     def _reset_gates(self) -> None:
@@ -103,6 +106,15 @@ class GatedPolicy:
             return UNLIMITED
         return draft_length.choose_k(self.cfg.length, self.length)
 
+    def max_cheap_draft(self) -> int:
+        if self.floor.floored or (
+            self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
+        ):
+            return 0
+        if self.cfg.length is None:
+            return UNLIMITED
+        return draft_length.choose_k(self.cfg.length, self.cheap_length)
+
     def plain_ahead(self) -> int:
         return self.floor.ar_left if self.floor.floored else 0
 
@@ -117,14 +129,10 @@ class GatedPolicy:
         self.context = step.context
         self.clock.observe(step)
         if self.cfg.length is not None:
-            self.length = draft_length.observe(
-                self.cfg.length,
-                self.length,
-                step.drafted,
-                step.accepted,
-                step.judged_s,
-                step.draft_s - step.setup_s,
-            )
+            if step.drafted == 0 or not step.cheap:
+                self.length = self._learn(self.cfg.length, self.length, step)
+            if step.drafted == 0 or step.cheap:
+                self.cheap_length = self._learn(self.cfg.length, self.cheap_length, step)
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
             return
@@ -146,6 +154,13 @@ class GatedPolicy:
             self._reset_gates()
         else:
             self.floor = gates.on_spec_step(self.cfg.probe, self.floor)
+
+    @staticmethod
+    def _learn(
+        cfg: draft_length.LengthConfig, s: draft_length.LengthState, step: StepStats
+    ) -> draft_length.LengthState:
+        draft_s = step.draft_s - step.setup_s
+        return draft_length.observe(cfg, s, step.drafted, step.accepted, step.judged_s, draft_s)
 
     def summary(self) -> dict:
         f = self.floor

@@ -37,6 +37,11 @@ class SpecPolicy(Protocol):
 
     def max_draft(self) -> int: ...
 
+    def max_cheap_draft(self) -> int:
+        """How many tokens a draft that costs next to nothing (Draft.cheap) may hold; 0 while
+        max_draft() is 0."""
+        ...
+
     def observe(self, step: StepStats) -> None: ...
 
     def plain_ahead(self) -> int:
@@ -56,6 +61,9 @@ class AlwaysSpeculate:
 
     def max_draft(self) -> int:
         return 1 << 30
+
+    def max_cheap_draft(self) -> int:
+        return self.max_draft()
 
     def observe(self, step: StepStats) -> None:
         pass
@@ -94,9 +102,13 @@ class _Verdict:
     logprobs: mx.array  # (k+1, V)
 
 
-def _check_draft(d: Draft, cap: int, vocab: int, name: str) -> None:
-    if len(d) > cap:
-        raise DrafterError(f"drafter {name!r} proposed {len(d)} tokens; at most {cap} allowed")
+def _check_draft(d: Draft, cap: int, cheap_cap: int, vocab: int, name: str) -> None:
+    allowed = cheap_cap if d.cheap else cap
+    if len(d) > allowed:
+        raise DrafterError(
+            f"drafter {name!r} proposed {len(d)} {'cheap ' if d.cheap else ''}tokens; at most "
+            f"{allowed} allowed"
+        )
     bad = [t for t in d.tokens if not 0 <= t < vocab]
     if bad:
         raise DrafterError(
@@ -147,10 +159,13 @@ class Decoder:
         self.taps = self.drafter.needs_taps if self.drafter else ()
         self.committed: list[int] = []
 
-    def _ctx(self, max_draft: int = 0, features: mx.array | None = None) -> DraftContext:
+    def _ctx(
+        self, max_draft: int = 0, features: mx.array | None = None, max_cheap: int | None = None
+    ) -> DraftContext:
         return DraftContext(
             tokens=self.committed,
             max_draft=max_draft,
+            max_cheap=max_cheap,
             features=features,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
@@ -170,12 +185,13 @@ class Decoder:
         """Emit 1..room tokens (fewer only at EOS)."""
         # 1. how much may we draft? (never past the room left before max_tokens)
         budget = min(self.policy.max_draft(), self.cfg.max_draft)
+        cheap_budget = min(self.policy.max_cheap_draft(), self.cfg.max_draft) if budget else 0
         t0 = time.perf_counter()
         draft = Draft()
         if self.drafter is not None and budget > 0 and room > 1:
-            cap = min(budget, room - 1)
-            draft = self.drafter.draft(self._ctx(max_draft=cap))
-            _check_draft(draft, cap, self.target.info.vocab_size, self.drafter.name)
+            cap, cheap_cap = min(budget, room - 1), min(cheap_budget, room - 1)
+            draft = self.drafter.draft(self._ctx(max_draft=cap, max_cheap=cheap_cap))
+            _check_draft(draft, cap, cheap_cap, self.target.info.vocab_size, self.drafter.name)
         t1 = time.perf_counter()
         # 2. verify the pending token plus the draft in one forward, then accept
         fed = [self.committed[-1], *draft.tokens]
@@ -209,6 +225,7 @@ class Decoder:
             p1,
             budget <= 0,
             draft.setup_s,
+            draft.cheap,
         )
         self.stats.record(s)
         self.policy.observe(s)

@@ -21,6 +21,7 @@ class StepStats:
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
     floored: bool = False  # the policy allowed no draft (floor, or a t_ar measurement step)
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
+    cheap: bool = False  # the draft cost next to nothing to make (Draft.cheap)
 
     @property
     def total_s(self) -> float:
