@@ -161,3 +161,18 @@ def test_the_policy_prices_cheap_and_costly_drafts_apart():
         pol.observe(StepStats(2, 0, 1, True, 0.08, 0.06, 0.0))
     assert pol.max_draft() < pol.max_cheap_draft()
     assert pol.cheap_length.draft_cost < 1e-3 < pol.length.draft_cost
+
+
+def test_cheap_drafts_give_way_when_the_costly_ones_commit_more_per_second():
+    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
+    for _ in range(3):
+        pol.observe(StepStats(0, 0, 1, False, 0.0, 0.05, 0.0))
+    for _ in range(6):  # free copies, always rejected at once
+        pol.observe(StepStats(3, 0, 1, True, 1e-4, 0.07, 0.0, cheap=True))
+    assert pol.max_cheap_draft() > 0  # no costly draft judged yet: nothing to compare
+    allowed = []
+    for _ in range(16):  # a model drafter: 0.02 s per token, all accepted
+        pol.observe(StepStats(3, 3, 4, True, 0.06, 0.07, 0.0))
+        allowed.append(pol.max_cheap_draft())
+    # cheap drafts only on exploration steps (every 8th), so their estimate stays fresh
+    assert sum(a > 0 for a in allowed) == 2 and pol.max_draft() >= 3

@@ -113,7 +113,21 @@ class GatedPolicy:
             return 0
         if self.cfg.length is None:
             return UNLIMITED
+        if self._cheap_loses(self.cfg.length):
+            return 0  # the drafter's costly path is expected to commit more per second
         return draft_length.choose_k(self.cfg.length, self.cheap_length)
+
+    def _cheap_loses(self, cfg: draft_length.LengthConfig) -> bool:
+        """Both kinds of draft were judged and cheap drafts are expected to commit fewer tokens
+        per second than costly ones (e.g. PLD's short matches in new text, inside `auto`).
+        Every explore_every-th step they are allowed anyway, so the comparison stays fresh."""
+        costly, cheap = self.length, self.cheap_length
+        if math.isnan(costly.draft_cost) or not cheap.accept:
+            return False
+        if cfg.explore_every and costly.steps % cfg.explore_every == 0:
+            return False
+        rc, rk = draft_length.best_rate(cfg, cheap), draft_length.best_rate(cfg, costly)
+        return rc is not None and rk is not None and rc < rk
 
     def plain_ahead(self) -> int:
         return self.floor.ar_left if self.floor.floored else 0

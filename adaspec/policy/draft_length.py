@@ -96,15 +96,24 @@ def reach(cfg: LengthConfig, s: LengthState) -> int:
 
 def best_k(cfg: LengthConfig, s: LengthState) -> int:
     """The draft length in [min_k, reach] with the most expected tokens per second."""
-    best, best_rate = cfg.max_k, -1.0
+    return _best(cfg, s)[0]
+
+
+def best_rate(cfg: LengthConfig, s: LengthState) -> float | None:
+    """Expected committed tokens per second at best_k; None while nothing was timed."""
+    return _best(cfg, s)[1]
+
+
+def _best(cfg: LengthConfig, s: LengthState) -> tuple[int, float | None]:
+    best, rate = cfg.max_k, None
     for k in range(cfg.min_k, reach(cfg, s) + 1):
         c = step_cost(s.cost, k, cfg.prior_slope, s.draft_cost)
         if c is None:
-            return cfg.max_k  # nothing timed yet: start long and learn
-        rate = expected_tokens(s.accept, k, cfg.prior_accept) / c
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
+            return cfg.max_k, None  # nothing timed yet: start long and learn
+        r = expected_tokens(s.accept, k, cfg.prior_accept) / c
+        if rate is None or r > rate:
+            best, rate = k, r
+    return best, rate
 
 
 def _ema(old: float, new: float, w: float) -> float:
