@@ -10,6 +10,7 @@ from adaspec.train.objective import (
     accepted_lengths,
     block_mask,
     default_gamma,
+    group_mask,
     make_blocks,
     position_weights,
     sample_anchors,
@@ -77,3 +78,18 @@ def test_accepted_length_counts_leading_matches_only(rows):
     for r, n in zip(rows, got):
         want = next((i for i, x in enumerate(r) if not x), len(r))
         assert n == want
+
+
+@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=4), min_size=1, max_size=3))
+def test_group_mask_is_each_blocks_mask_and_keeps_blocks_apart(rows):
+    A, S, B = max(len(r) for r in rows), 31, 3
+    a = np.array([sorted(r) + [0] * (A - len(r)) for r in rows])
+    g = group_mask(a, S, B)
+    assert g.shape == (len(rows), 1, A * B, S + A * B)
+    for s in range(len(rows)):
+        single = block_mask(a[s], S, B)
+        for i in range(A):
+            q = slice(i * B, (i + 1) * B)
+            assert np.array_equal(g[s, 0, q, :S], single[i, 0, :, :S])
+            own = g[s, 0, q, S:].reshape(B, A, B)
+            assert own[:, i].all() and own.sum() == B * B  # its own slots, no other block's

@@ -197,15 +197,30 @@ class Attention(nn.Module):
         return rope(k, offset=start), v
 
     def __call__(self, x, ctx_k, ctx_v, start, rope, mask):
+        """x (N, B, d): N blocks, N/S consecutive ones per context sequence of ctx_k/ctx_v
+        (S, n_kv, T, hd); the blocks of a sequence attend as one row of queries (no copies of
+        the context per block), `mask` (S, 1, N/S * B, T + N/S * B) keeping them apart."""
         N, B = x.shape[:2]
+        S = ctx_k.shape[0]
         q = self.q_norm(self.q_proj(x).reshape(N, B, self.n_heads, -1)).transpose(0, 2, 1, 3)
         q = rope(q, offset=start)
         k, v = self.kv(x, start, rope)
-        keys, values = mx.concatenate([ctx_k, k], axis=2), mx.concatenate([ctx_v, v], axis=2)
+
+        def group(t: mx.array) -> mx.array:  # (N, h, B, hd) -> (S, h, N/S * B, hd)
+            h = t.shape[1]
+            return (
+                t.reshape(S, N // S, h, B, -1)
+                .transpose(0, 2, 1, 3, 4)
+                .reshape(S, h, -1, t.shape[-1])
+            )
+
+        keys = mx.concatenate([ctx_k, group(k)], axis=2)
+        values = mx.concatenate([ctx_v, group(v)], axis=2)
         o = mx.fast.scaled_dot_product_attention(
-            q, keys, values, scale=self.head_dim**-0.5, mask=mask
+            group(q), keys, values, scale=self.head_dim**-0.5, mask=mask
         )
-        return self.o_proj(o.transpose(0, 2, 1, 3).reshape(N, B, -1))
+        o = o.reshape(S, self.n_heads, N // S, B, -1).transpose(0, 2, 3, 1, 4)
+        return self.o_proj(o.reshape(N, B, -1))
 
 
 class MLP(nn.Module):
@@ -257,8 +272,9 @@ class DFlashModel(nn.Module):
         return [layer.self_attn.kv(c, start, self._rope) for layer in self.layers]
 
     def blocks(self, x: mx.array, ctx: list[tuple[mx.array, mx.array]], starts: Any, mask: Any):
-        """Training form: x (N, B, d) blocks at positions starts (N,) attending their context
-        rows ctx[layer] = (keys, values) of shape (N, n_kv, S, hd) under `mask` (N, 1, B, S+B)."""
+        """Training form: x (N, B, d) blocks at positions starts (N,), N/S consecutive blocks per
+        sequence, attending its context rows ctx[layer] = (keys, values) of shape
+        (S, n_kv, T, hd) under `mask` (S, 1, N/S * B, T + N/S * B) (objective.group_mask)."""
         for layer, (k, v) in zip(self.layers, ctx):
             x = layer(x, k, v, starts, self._rope, mask)
         return self.norm(x)

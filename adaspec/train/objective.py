@@ -85,6 +85,20 @@ def block_mask(anchors: np.ndarray, ctx_len: int, block: int, causal: bool = Fal
     return m[:, None]
 
 
+def group_mask(anchors: np.ndarray, ctx_len: int, block: int, causal: bool = False) -> np.ndarray:
+    """(S, 1, A*B, ctx_len + A*B) bool for anchors (S, A): the blocks of one sequence attend as
+    one row of queries; each sees what block_mask gives it and none of the other blocks."""
+    S, A = anchors.shape
+    out = np.zeros((S, 1, A * block, ctx_len + A * block), bool)
+    for s in range(S):
+        m = block_mask(anchors[s], ctx_len, block, causal)[:, 0]  # (A, B, ctx_len + B)
+        out[s, 0, :, :ctx_len] = m[:, :, :ctx_len].reshape(A * block, ctx_len)
+        for i in range(A):
+            rows = slice(i * block, (i + 1) * block)
+            out[s, 0, rows, ctx_len + i * block : ctx_len + (i + 1) * block] = m[i, :, ctx_len:]
+    return out
+
+
 def accepted_lengths(pred: np.ndarray, labels: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """(A,) number of leading draft tokens equal to the labels: what greedy verification would
     accept. tau of a block = accepted + 1 (the bonus token)."""

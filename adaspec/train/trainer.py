@@ -24,8 +24,8 @@ from .data import TrainSeq, load_features
 from .objective import (
     TrainingError,
     accepted_lengths,
-    block_mask,
     default_gamma,
+    group_mask,
     make_blocks,
     position_weights,
     sample_anchors,
@@ -66,32 +66,37 @@ def batch_arrays(
     anchors: list[np.ndarray],
     cfg: DFlashConfig,
 ) -> dict[str, mx.array]:
-    """Everything one loss evaluation needs, for blocks of several sequences at once."""
+    """Everything one loss evaluation needs, for blocks of several sequences at once. Every
+    sequence gets A = the most anchors of any (padding blocks at anchor 0, never scored);
+    `real` (N,) picks the real blocks, in order, out of the S*A."""
+    A = max(len(a) for a in anchors)
+    padded = np.zeros((len(anchors), A), dtype=np.int64)
+    real = []
+    for i, a in enumerate(anchors):
+        padded[i, : len(a)] = a
+        real.extend(i * A + j for j in range(len(a)))
     blocks = [
-        make_blocks(s.tokens, a, cfg.block_size, cfg.mask_token_id) for s, a in zip(seqs, anchors)
+        make_blocks(s.tokens, a, cfg.block_size, cfg.mask_token_id) for s, a in zip(seqs, padded)
     ]
     F = _padded(feats)
-    T = F.shape[1]
-    owner = np.concatenate([np.full(len(a), i) for i, a in enumerate(anchors)])
-    anchor = np.concatenate(anchors)
+    keep = np.array(real)
     return {
         "features": F,
-        "owner": mx.array(owner),
-        "anchors": mx.array(anchor),
+        "anchors": mx.array(padded.reshape(-1)),
+        "real": mx.array(keep),
         "inputs": mx.array(np.concatenate([b.inputs for b in blocks])),
-        "labels": mx.array(np.concatenate([b.labels for b in blocks])),
-        "valid": mx.array(np.concatenate([b.valid for b in blocks])),
-        "mask": mx.array(block_mask(anchor, T, cfg.block_size, cfg.causal(0))),
+        "labels": mx.array(np.concatenate([b.labels for b in blocks])[keep]),
+        "valid": mx.array(np.concatenate([b.valid for b in blocks])[keep]),
+        "mask": mx.array(group_mask(padded, F.shape[1], cfg.block_size, cfg.causal(0))),
     }
 
 
 def block_logits(model: DFlashModel, head: Head, b: dict[str, mx.array]) -> mx.array:
-    """(N, B-1, V) logits of every block's draft positions."""
+    """(N, B-1, V) logits of every real block's draft positions."""
     ctx = model.context_kv(b["features"], 0)
-    rows = [(k[b["owner"]], v[b["owner"]]) for k, v in ctx]
     x = head.embed(b["inputs"]).astype(mx.float32)
-    h = model.blocks(x, rows, b["anchors"], b["mask"])
-    return head.project(h[:, 1:]).astype(mx.float32)
+    h = model.blocks(x, ctx, b["anchors"], b["mask"])
+    return head.project(h[b["real"], 1:]).astype(mx.float32)
 
 
 def block_loss(model: DFlashModel, head: Head, b: dict[str, mx.array], w: mx.array) -> mx.array:
