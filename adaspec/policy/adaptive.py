@@ -96,20 +96,22 @@ class GatedPolicy:
         self.entropy = gates.EntropyState()
         self.commit = gates.CommitState()
 
+    def _measuring(self) -> bool:
+        """The next step must be plain, to (re)measure t_ar at this context."""
+        return self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
+
     def max_draft(self) -> int:
         if self.floor.floored:
             return 0
-        if self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh):
+        if self._measuring():
             self.measure_steps += 1
-            return 0  # one plain step to (re)measure t_ar at this context
+            return 0
         if self.cfg.length is None:
             return UNLIMITED
         return draft_length.choose_k(self.cfg.length, self.length)
 
     def max_cheap_draft(self) -> int:
-        if self.floor.floored or (
-            self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
-        ):
+        if self.floor.floored or self._measuring():
             return 0
         if self.cfg.length is None:
             return UNLIMITED
