@@ -4,6 +4,7 @@ drafter's inference forward, and a --tiny run ends to end (loss drops, resume, l
 import json
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from tiny import ar_greedy, byte_tokenizer, tiny_model
@@ -17,7 +18,7 @@ from adaspec.train.data import TrainSeq, tap_features
 from adaspec.train.objective import TrainingError
 from adaspec.train.pipeline import choose_mask_token, default_taps, train_dflash
 from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
-from adaspec.train.trainer import Head, batch_arrays, block_logits
+from adaspec.train.trainer import Head, batch_arrays, block_logits, data_vocab
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
@@ -41,6 +42,21 @@ def test_training_forward_equals_inference_for_every_anchor(arch):
         d.prefill(committed, ctx(committed, feats[:a]))
         want = np.array(d.block_logits(cfg.block_size - 1))
         np.testing.assert_allclose(got[i], want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_data_vocabulary_head_gives_the_full_heads_columns(tied):
+    target = tiny_model("llama")
+    if not tied:  # an untied output projection, as most larger targets have
+        target.lm_head = nn.Linear(target.args.hidden_size, target.args.vocab_size, bias=False)
+    rows = np.array([3, 17, 40, 255])
+    h = mx.random.normal((2, 5, target.args.hidden_size))
+    full, part = Head(target), Head(target, rows)
+    np.testing.assert_allclose(
+        np.array(part.logits(h)), np.array(full.logits(h))[..., rows], atol=1e-5, rtol=1e-5
+    )
+    seqs = [TrainSeq("a", False, np.array([5, 3, 5, 9]), 1), TrainSeq("b", False, np.array([2]), 0)]
+    np.testing.assert_array_equal(data_vocab(seqs), [2, 3, 5, 9])
 
 
 def test_default_taps_follow_zlab_rule():
@@ -103,6 +119,26 @@ def test_resume_with_other_settings_is_refused(tmp_path, corpus):
         )
     with pytest.raises(TrainingError, match="another recipe"):
         train_dflash(target, tok, tmp_path, replace(recipe, hyper=replace(recipe.hyper, seed=9)))
+
+
+def test_warm_start_from_a_checkpoint_on_the_data_vocabulary(tmp_path, corpus):
+    target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
+    recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))
+    first = train_dflash(target, tok, tmp_path / "a", recipe, progress=False)
+    from dataclasses import replace
+
+    warm = replace(recipe, init=str(tmp_path / "a"), hyper=replace(recipe.hyper, vocab="data"))
+    second = train_dflash(target, tok, tmp_path / "b", warm, progress=False)
+    # it starts where the first run ended (fp16 weights: a small difference), then goes on
+    assert second["evals"][0]["loss"] == pytest.approx(first["evals"][-1]["loss"], rel=1e-2)
+    assert second["evals"][-1]["loss"] < first["evals"][0]["loss"]
+    assert np.mean([v for _, v in second["loss"][-3:]]) < np.mean([v for _, v in first["loss"][:3]])
+    with pytest.raises(TrainingError, match="num_hidden_layers is 1, the recipe gives 2"):
+        train_dflash(target, tok, tmp_path / "c", replace(warm, layers=2), progress=False)
+    with pytest.raises(TrainingError, match="init='nowhere'"):
+        Recipe(corpus=".", init="nowhere")
+    with pytest.raises(TrainingError, match="vocab='some'"):
+        Hyper(vocab="some")
 
 
 def test_bad_recipe_and_corpus_are_refused(tmp_path):

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.base import TargetInfo
-from ..drafters.dflash_checkpoint import save_model
+from ..drafters.dflash_checkpoint import load_model, save_model
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
 from ..prompting import prompt_ids
 from ..targets.adapter import inner_model, layer_list, target_info
@@ -107,6 +107,39 @@ def init_from_target(drafter: DFlashModel, target: Any) -> int:
     return len(copied)
 
 
+# what a warm start's checkpoint must share with the drafter being trained
+_SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "block_size",
+    "target_layer_ids",
+    "mask_token_id",
+)
+
+
+def init_from_checkpoint(drafter: DFlashModel, folder: str, info: TargetInfo) -> None:
+    """Start from a trained drafter's weights (a warm start); its shape, block, taps and mask
+    token must be the recipe's."""
+    old = load_model(folder, info)
+    diff = {
+        k: (getattr(old.cfg, k), getattr(drafter.cfg, k))
+        for k in _SHAPE_KEYS
+        if getattr(old.cfg, k) != getattr(drafter.cfg, k)
+    }
+    if diff:
+        raise TrainingError(
+            f"init checkpoint {folder!r} does not match the recipe: "
+            + ", ".join(f"{k} is {a}, the recipe gives {b}" for k, (a, b) in diff.items())
+            + "; accepted: a checkpoint of the same shape, block, taps and mask token"
+        )
+    drafter.load_weights(_flat(old.parameters()), strict=True)
+
+
 def _flat(params: Any) -> list:
     from mlx.utils import tree_flatten
 
@@ -173,6 +206,8 @@ def train_dflash(
     drafter = DFlashModel(cfg)
     if recipe.init == "target":
         init_from_target(drafter, model)
+    elif recipe.init != "random":
+        init_from_checkpoint(drafter, recipe.init, info)
     trainer = Trainer(
         drafter,
         model,

@@ -46,10 +46,33 @@ class History:
 
 
 class Head:
-    """The frozen target's embedding and output projection, shared with inference."""
+    """The frozen target's embedding and output projection, shared with inference; `rows`
+    restricts the projection to some token ids (the training loss over a data vocabulary)."""
 
-    def __init__(self, target: Any):
+    def __init__(self, target: Any, rows: np.ndarray | None = None):
         self.embed, self.project = embedding_and_head(target)
+        self.rows = None if rows is None else mx.array(rows.astype(np.int32))
+        self.weight = None if rows is None else _head_weight(self.embed, self.project)[self.rows]
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Logits over the full vocabulary, or over `rows` (in their order)."""
+        return self.project(h) if self.weight is None else h @ self.weight.T
+
+
+def _head_weight(embed: Any, project: Any) -> mx.array:
+    """(V, d) float weight of the output projection (the embedding's when tied)."""
+    owner = getattr(project, "__self__", project)  # a tied head is embed.as_linear
+    if "scales" in owner or not hasattr(owner, "weight"):
+        raise TrainingError(
+            f"vocab='data' needs an unquantized output projection; {type(owner).__name__} is "
+            "quantized or has no weight; accepted: vocab='full' for this target"
+        )
+    return owner.weight.astype(mx.float32)
+
+
+def data_vocab(seqs: Sequence[TrainSeq]) -> np.ndarray:
+    """Sorted token ids that occur in the sequences: every label the loss can meet."""
+    return np.unique(np.concatenate([s.tokens for s in seqs]))
 
 
 def _padded(feats: list[np.ndarray]) -> mx.array:
@@ -92,11 +115,12 @@ def batch_arrays(
 
 
 def block_logits(model: DFlashModel, head: Head, b: dict[str, mx.array]) -> mx.array:
-    """(N, B-1, V) logits of every real block's draft positions."""
+    """(N, B-1, V) logits of every real block's draft positions (V = len(head.rows) when the
+    head is restricted; the labels must then be indices into head.rows)."""
     ctx = model.context_kv(b["features"], 0)
     x = head.embed(b["inputs"]).astype(mx.float32)
     h = model.blocks(x, ctx, b["anchors"], b["mask"])
-    return head.project(h[b["real"], 1:]).astype(mx.float32)
+    return head.logits(h[b["real"], 1:]).astype(mx.float32)
 
 
 def block_loss(model: DFlashModel, head: Head, b: dict[str, mx.array], w: mx.array) -> mx.array:
@@ -121,6 +145,13 @@ class Trainer:
             raise TrainingError("no training sequences; accepted: at least one")
         self.model, self.head, self.hyper = model, Head(target), hyper
         self.train, self.heldout = list(train), list(heldout)
+        self.loss_head, self.remap = self.head, None
+        if hyper.vocab == "data":
+            rows = data_vocab(self.train)
+            self.loss_head = Head(target, rows)
+            remap = np.zeros(int(rows.max()) + 1, dtype=np.int32)
+            remap[rows] = np.arange(len(rows), dtype=np.int32)
+            self.remap = mx.array(remap)
         self.features_dir, self.state_dir = features_dir, state_dir
         cfg = model.cfg
         self.width = len(cfg.target_layer_ids) * cfg.hidden_size
@@ -143,7 +174,7 @@ class Trainer:
         self._grad = nn.value_and_grad(model, self._loss)
 
     def _loss(self, b: dict[str, mx.array]) -> mx.array:
-        return block_loss(self.model, self.head, b, self.weights)
+        return block_loss(self.model, self.loss_head, b, self.weights)
 
     def _batch(self, seqs: Sequence[TrainSeq], anchors: list[np.ndarray]) -> dict[str, mx.array]:
         feats = [load_features(self.features_dir, s, self.width) for s in seqs]
@@ -169,7 +200,10 @@ class Trainer:
             )
             for s in seqs
         ]
-        loss, grads = self._grad(self._batch(seqs, anchors))
+        b = self._batch(seqs, anchors)
+        if self.remap is not None:  # labels as indices into the data vocabulary
+            b["labels"] = self.remap[b["labels"]]
+        loss, grads = self._grad(b)
         grads, _ = optim.clip_grad_norm(grads, self.hyper.clip)
         self.opt.update(self.model, grads)
         mx.eval(loss, self.model.parameters(), self.opt.state)
@@ -261,7 +295,9 @@ class Trainer:
         if not (d / "state.json").is_file():
             return
         state = json.loads((d / "state.json").read_text())
-        if state["hyper"] != json.loads(json.dumps(asdict(self.hyper))):
+        # a knob added after the checkpoint was made counts as its default
+        saved = {**json.loads(json.dumps(asdict(Hyper()))), **state["hyper"]}
+        if saved != json.loads(json.dumps(asdict(self.hyper))):
             raise TrainingError(
                 f"checkpoint {str(d)!r} was made with other settings ({state['hyper']}); "
                 "accepted: the same settings to resume, or a new --out folder"
