@@ -32,10 +32,35 @@ def eval_table(evals: list[dict]) -> str:
     return "\n".join(rows)
 
 
+def runs(m: dict) -> list[dict]:
+    """The runs behind a drafter, oldest first: a warm start carries its predecessor's metrics."""
+    chain = []
+    while m:
+        chain.append(m)
+        m = m.get("warm_start") or {}
+    return chain[::-1]
+
+
+def _warm_start(m: dict) -> str:
+    prev = m.get("warm_start")
+    if not prev:
+        return ""
+    ph = prev["recipe"]["hyper"]
+    return f"""
+## Warm start
+This run started from the drafter at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
+({ph["epochs"]} epochs, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")} vocabulary) on
+the same recipe. Its held-out evaluation:
+
+{eval_table(prev["evals"])}
+{_warm_start(prev)}"""
+
+
 def write(out: Path, m: dict) -> None:
     r, h, d = m["recipe"], m["recipe"]["hyper"], m["data"]
     cfg = m["drafter"]
     dc = cfg["dflash_config"]
+    vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
     text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
 
 A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
@@ -60,8 +85,9 @@ Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompt
 {m["steps"]} steps: {h["epochs"]} epochs of {h["seqs_per_step"]} sequences x
 {h["anchors_per_seq"]} random anchors in each response (plus {h.get("prompt_anchors", 0)} in
 each prompt, teacher-forced on the corpus text) per step; block cross entropy with position weights
-exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}); AdamW lr {h["lr"]}, weight decay
-{h["weight_decay"]}, warm-up {h["warmup"]:.0%} then cosine, gradient clip {h["clip"]}.
+exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}), softmax over the
+{vocab}; AdamW lr {h["lr"]}, weight decay {h["weight_decay"]}, warm-up {h["warmup"]:.0%} then
+cosine, gradient clip {h["clip"]}.
 Final training loss (mean of the last 20 steps): {m["final_train_loss"]:.3f}.
 
 ## Held-out evaluation
@@ -70,7 +96,7 @@ verification accepts, bonus token included), over blocks anchored at every
 {h["eval_stride"]}th response position of the held-out sequences.
 
 {eval_table(m["evals"])}
-"""
+{_warm_start(m)}"""
     (out / "README.md").write_text(text)
     plot(out / "curves.png", m)
 
@@ -85,12 +111,15 @@ def plot(path: Path, m: dict) -> bool:
         log.info("matplotlib not installed (pip install 'adaspec[plot]'): no %s", path.name)
         return False
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    steps = [s for s, _ in m["loss"]]
-    loss = _smooth([v for _, v in m["loss"]])
-    a.plot(steps[len(steps) - len(loss) :], loss)
+    offset = 0
+    for i, run in enumerate(runs(m)):  # a warm start's runs one after the other
+        steps = [offset + s for s, _ in run["loss"]]
+        loss = _smooth([v for _, v in run["loss"]])
+        a.plot(steps[len(steps) - len(loss) :], loss, label=f"run {i + 1}")
+        ev = [e for e in run["evals"] if "tau" in e]
+        b.plot([offset + e["step"] for e in ev], [e["tau"] for e in ev], marker="o")
+        offset += run["steps"]
     a.set(xlabel="step", ylabel="training loss (20-step mean)", title="loss")
-    ev = [e for e in m["evals"] if "tau" in e]
-    b.plot([e["step"] for e in ev], [e["tau"] for e in ev], marker="o")
     b.set(xlabel="step", ylabel="held-out tau", title="tau (greedy, bonus included)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

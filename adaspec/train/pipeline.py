@@ -236,6 +236,9 @@ def train_dflash(
         "drafter": cfg.to_dict(),
         "final_train_loss": float(np.mean([x[1] for x in history.loss[-20:]])),
     }
+    prev = Path(recipe.init) / "metrics.json"
+    if recipe.init not in ("target", "random") and prev.is_file():
+        metrics["warm_start"] = json.loads(prev.read_text())
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     card.write(out, metrics)
     return metrics
