@@ -31,24 +31,49 @@ _GROW = 256  # context rows allocated at a time
 class ContextCache:
     """Per-layer context keys/values (post-RoPE, at absolute positions) of every committed
     position but the newest. All rows are kept, so rollback across the window boundary is exact;
-    the window is a row selection at draft time."""
+    the window is a row selection at draft time.
+
+    New positions' tap features wait in `pending` and become keys/values in one batch when a
+    draft needs them (or every FLUSH rows): while the policy keeps decoding plain, a step only
+    queues a feature row instead of running the drafter's fc and K/V projections for it."""
+
+    FLUSH = 64
 
     def __init__(self, model: DFlashModel):
         cfg = model.cfg
+        self.model = model
         self._shape = (1, cfg.num_key_value_heads, 0, cfg.head_dim)
         self.keys = [mx.zeros(self._shape) for _ in range(cfg.num_hidden_layers)]
         self.values = [mx.zeros(self._shape) for _ in range(cfg.num_hidden_layers)]
-        self.length = 0
+        self.computed = 0  # rows whose keys/values are in the buffers
+        self.pending: list[mx.array] = []  # (rows, taps * hidden) features, oldest first
+
+    @property
+    def length(self) -> int:
+        return self.computed + sum(f.shape[0] for f in self.pending)
+
+    def add(self, feats: mx.array) -> None:
+        """Queue the tap features of the next positions."""
+        self.pending.append(feats)
+        if self.length - self.computed >= self.FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        feats = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending)
+        self.pending = []
+        self.append(self.model.context_kv(feats, self.computed))
 
     def append(self, kv: list[tuple[mx.array, mx.array]]) -> None:
         m = kv[0][0].shape[2]
-        end = self.length + m
+        end = self.computed + m
         if end > self.keys[0].shape[2]:
             self._grow(-(-end // _GROW) * _GROW)
         for i, (k, v) in enumerate(kv):
-            self.keys[i][..., self.length : end, :] = k
-            self.values[i][..., self.length : end, :] = v
-        self.length = end
+            self.keys[i][..., self.computed : end, :] = k
+            self.values[i][..., self.computed : end, :] = v
+        self.computed = end
         # computed while the controller finishes its step; bounds the graph if nobody drafts
         mx.async_eval(self.keys, self.values)
 
@@ -57,15 +82,26 @@ class ContextCache:
         for buf in (self.keys, self.values):
             for i, old in enumerate(buf):
                 new = mx.zeros((n, h, cap, d))
-                new[..., : self.length, :] = old[..., : self.length, :]
+                new[..., : self.computed, :] = old[..., : self.computed, :]
                 buf[i] = new
 
     def truncate(self, length: int) -> None:
-        self.length = max(0, min(length, self.length))
+        length = max(0, length)
+        if length <= self.computed:
+            self.computed, self.pending = length, []
+            return
+        keep, rows = [], self.computed
+        for f in self.pending:
+            if rows >= length:
+                break
+            keep.append(f[: length - rows])
+            rows += keep[-1].shape[0]
+        self.pending = keep
 
     def view(self, window: int, sink: int) -> tuple[list[tuple[mx.array, mx.array]], np.ndarray]:
         """Attended rows: all if they fit the window, else the first `sink` + the most recent."""
-        S = self.length
+        self.flush()
+        S = self.computed
         if S <= window:
             rows = [(k[..., :S, :], v[..., :S, :]) for k, v in zip(self.keys, self.values)]
             return rows, np.arange(S)
@@ -130,7 +166,7 @@ class DFlashDrafter:
         need = max(len(self.tokens) - 1, 0) - self.cache.length
         if need > 0:
             feats = self._features(ctx, need, where)
-            self.cache.append(self.model.context_kv(feats, self.cache.length))
+            self.cache.add(feats)
 
     def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None:
         self.tokens = []
