@@ -111,3 +111,25 @@ def test_factory(tmp_path):
         make("auto:min_match=2", info, s)
     with pytest.raises(DrafterError, match="'minmatch=2' is invalid; accepted: min_match=<int>"):
         make(f"auto:{tmp_path / 'ck'},minmatch=2", info, s)
+
+
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_a_floored_auto_lifts_on_a_strong_pld_match_without_running_the_model(arch):
+    """While floored, auto is peeked with its PLD alone: a long prompt-lookup match lifts the
+    floor (as for the pld drafter) and the model drafter is not run for the look."""
+    from adaspec.policy import gates
+    from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+
+    target = TARGETS[arch]
+    for prompt, strong in (([3, 1, 4, 1, 5, 9, 2, 6] * 3, True), (list(range(12)), False)):
+        d = auto(target, seed=4)
+        pol = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1000)))
+        pol.floor = gates.on_floor(pol.cfg.probe, pol.floor)
+        dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=8), policy=pol)
+        dec.prefill(prompt)
+        calls = []
+        real = d.fallback.draft
+        d.fallback.draft = lambda c, real=real, calls=calls: calls.append(c) or real(c)
+        assert dec.strong_candidate() is strong
+        assert pol.lifts == int(strong) and pol.floor.floored is not strong
+        assert calls == []

@@ -27,7 +27,7 @@ class AutoDrafter:
     PLD drafts are marked cheap, so the policy sizes them apart from the fallback's."""
 
     name = "auto"
-    cheap_draft = False  # may fall through to the model drafter
+    cheap_draft = False  # may fall through to the model drafter; peek() is the cheap part
 
     def __init__(self, pld: PromptLookup, fallback: DraftModel, min_match: int = 2):
         if min_match < 1:
@@ -50,6 +50,11 @@ class AutoDrafter:
             d, self.last = self.fallback.draft(ctx), self.fallback.name
         self.used[self.last] += len(d) > 0
         return d
+
+    def peek(self, ctx: DraftContext) -> Draft:
+        """While floored: PLD's draft alone (the model drafter is never run for a peek), so a
+        strong prompt-lookup match can lift the floor as it does for the `pld` drafter."""
+        return self.pld.draft(ctx)
 
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
         self.pld.advance(committed_tokens, ctx)

@@ -91,6 +91,9 @@ class DraftModel(Protocol):
         ids it has seen (checked against the target's at start).
       cheap_draft: draft() costs next to nothing, so while floored the controller may call it
         to look for a `strong` candidate that lifts the floor early.
+    Optional: peek(ctx) -> Draft, a cheap look for a strong candidate while floored, for a
+      drafter whose draft() is costly but has a cheap part (auto: its PLD); it is used instead
+      of draft() for that look, and its draft is never verified.
 
     State contract: after prefill(prompt) the drafter's committed view is the prompt; draft()
     never changes that view; advance(t) appends t; rollback(n) drops the last n (0 is a no-op).

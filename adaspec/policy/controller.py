@@ -236,9 +236,10 @@ class Decoder:
     def strong_candidate(self) -> bool:
         """While floored: does a cheap drafter have a strong draft right now? (lifts the floor)"""
         d = self.drafter
-        if d is None or not d.cheap_draft:
+        peek = getattr(d, "peek", None) or (d.draft if d is not None and d.cheap_draft else None)
+        if peek is None:
             return False
-        return d.draft(self._ctx(max_draft=self.cfg.max_draft)).strong and self.policy.lift()
+        return peek(self._ctx(max_draft=self.cfg.max_draft)).strong and self.policy.lift()
 
     def unwind(self, n: int) -> None:
         """Forget the newest n committed tokens everywhere (caller stopped mid-step)."""
