@@ -176,3 +176,33 @@ def test_cheap_drafts_give_way_when_the_costly_ones_commit_more_per_second():
         allowed.append(pol.max_cheap_draft())
     # cheap drafts only on exploration steps (every 8th), so their estimate stays fresh
     assert sum(a > 0 for a in allowed) == 2 and pol.max_draft() >= 3
+
+
+def test_costly_drafts_are_held_back_while_plain_steps_beat_them_and_cheap_ones_go_on():
+    """auto with a weak model drafter: once plain steps are expected to commit more per second
+    than its drafts, costly drafts stop (cheap ones do not) and come back as probes on the
+    floor's growing backoff; the drafter alone (no cheap drafts seen) is left to the gates."""
+    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
+    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    plain = StepStats(0, 0, 1, False, 0.0, 0.05, 0.0)
+    for _ in range(3):
+        pol.observe(plain)
+    for _ in range(4):  # copies: good
+        pol.observe(StepStats(4, 4, 5, True, 1e-4, 0.08, 0.0, cheap=True))
+    weak = StepStats(2, 0, 1, True, 0.04, 0.07, 0.0)  # 1 token in 0.11 s: AR does 1 in 0.05
+    pol.observe(weak)
+    assert pol.max_draft() == 0 and pol.max_cheap_draft() > 0 and not pol.floor.floored
+    waits = []
+    for _ in range(3):  # each probe loses: 4, 8, 16 non-costly steps before the next
+        n = 0
+        while pol.max_draft() == 0:
+            pol.observe(plain if n % 2 else StepStats(4, 4, 5, True, 1e-4, 0.08, 0.0, cheap=True))
+            n += 1
+        waits.append(n)
+        pol.observe(weak)
+    assert waits == [4, 8, 16] and pol.costly_floor.floors == 4
+    alone = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    for _ in range(3):
+        alone.observe(plain)
+    alone.observe(weak)
+    assert alone.max_draft() > 0 and alone.costly_floor.floors == 0  # the commit gate's call

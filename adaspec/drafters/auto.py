@@ -46,9 +46,12 @@ class AutoDrafter:
         d = self.pld.draft(ctx)
         if len(d) and self.pld.last_match >= self.min_match:
             self.last = "pld"
+        elif ctx.max_draft <= 0:  # only a cheap draft is wanted (the policy holds costly back)
+            d, self.last = Draft(), ""
         else:
             d, self.last = self.fallback.draft(ctx), self.fallback.name
-        self.used[self.last] += len(d) > 0
+        if self.last:
+            self.used[self.last] += len(d) > 0
         return d
 
     def peek(self, ctx: DraftContext) -> Draft:

@@ -90,6 +90,10 @@ class GatedPolicy:
         # apart: their acceptance and drafting cost differ by far; plain steps teach both
         self.length = draft_length.LengthState()
         self.cheap_length = draft_length.LengthState()
+        # a drafter with both kinds (auto): its costly drafts are held back, on the floor's
+        # backoff-and-probe schedule, while plain steps are expected to beat them; cheap drafts
+        # go on meanwhile
+        self.costly_floor = gates.FloorState()
         self._reset_gates()
 
     def _reset_gates(self) -> None:
@@ -108,6 +112,8 @@ class GatedPolicy:
             return 0
         if self.cfg.length is None:
             return UNLIMITED
+        if self.costly_floor.floored:
+            return 0
         return draft_length.choose_k(self.cfg.length, self.length)
 
     def max_cheap_draft(self) -> int:
@@ -118,6 +124,20 @@ class GatedPolicy:
         if self._cheap_loses(self.cfg.length):
             return 0  # the drafter's costly path is expected to commit more per second
         return draft_length.choose_k(self.cfg.length, self.cheap_length)
+
+    def _costly_loses(self) -> bool:
+        """Both kinds of draft were judged and a costly draft is expected to commit fewer
+        tokens per second than a plain step (times the commit margin)."""
+        cfg, commit = self.cfg.length, self.cfg.commit
+        if (
+            cfg is None
+            or commit is None
+            or math.isnan(self.clock.t_ar)
+            or not self.cheap_length.accept
+        ):
+            return False
+        rate = draft_length.best_rate(cfg, self.length)
+        return rate is not None and rate * self.clock.t_ar < commit.margin
 
     def _cheap_loses(self, cfg: draft_length.LengthConfig) -> bool:
         """Both kinds of draft were judged and cheap drafts are expected to commit fewer tokens
@@ -149,6 +169,13 @@ class GatedPolicy:
                 self.length = self._learn(self.cfg.length, self.length, step)
             if step.drafted == 0 or step.cheap:
                 self.cheap_length = self._learn(self.cfg.length, self.cheap_length, step)
+        if step.drafted and not step.cheap:
+            if self._costly_loses():
+                self.costly_floor = gates.on_floor(self.cfg.probe, self.costly_floor)
+            else:
+                self.costly_floor = gates.on_spec_step(self.cfg.probe, self.costly_floor)
+        else:
+            self.costly_floor = gates.on_plain_step(self.costly_floor)
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
             return
@@ -186,6 +213,7 @@ class GatedPolicy:
             "probes_lost": f.probes_lost,
             "lifts": self.lifts,
             "measure_steps": self.measure_steps,
+            "costly_floors": self.costly_floor.floors,
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),
         }

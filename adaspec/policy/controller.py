@@ -38,8 +38,8 @@ class SpecPolicy(Protocol):
     def max_draft(self) -> int: ...
 
     def max_cheap_draft(self) -> int:
-        """How many tokens a draft that costs next to nothing (Draft.cheap) may hold; 0 while
-        max_draft() is 0."""
+        """How many tokens a draft that costs next to nothing (Draft.cheap) may hold; it may be
+        > 0 while max_draft() is 0 (costly drafts held back, cheap ones wanted)."""
         ...
 
     def observe(self, step: StepStats) -> None: ...
@@ -184,11 +184,12 @@ class Decoder:
     def step(self, room: int) -> tuple[list[int], list[bool], mx.array, StepStats]:
         """Emit 1..room tokens (fewer only at EOS)."""
         # 1. how much may we draft? (never past the room left before max_tokens)
+        # (a costly budget of 0 with a cheap one left: only a cheap draft is wanted)
         budget = min(self.policy.max_draft(), self.cfg.max_draft)
-        cheap_budget = min(self.policy.max_cheap_draft(), self.cfg.max_draft) if budget else 0
+        cheap_budget = min(self.policy.max_cheap_draft(), self.cfg.max_draft)
         t0 = time.perf_counter()
         draft = Draft()
-        if self.drafter is not None and budget > 0 and room > 1:
+        if self.drafter is not None and max(budget, cheap_budget) > 0 and room > 1:
             cap, cheap_cap = min(budget, room - 1), min(cheap_budget, room - 1)
             draft = self.drafter.draft(self._ctx(max_draft=cap, max_cheap=cheap_cap))
             _check_draft(draft, cap, cheap_cap, self.target.info.vocab_size, self.drafter.name)
@@ -223,7 +224,7 @@ class Decoder:
             t3 - t2,
             len(self.committed),
             p1,
-            budget <= 0,
+            max(budget, cheap_budget) <= 0,
             draft.setup_s,
             draft.cheap,
         )
