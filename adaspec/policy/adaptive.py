@@ -169,6 +169,9 @@ class GatedPolicy:
                 self.length = self._learn(self.cfg.length, self.length, step)
             if step.drafted == 0 or step.cheap:
                 self.cheap_length = self._learn(self.cfg.length, self.cheap_length, step)
+        # a costly draft made as the costly floor's probe is judged by that floor alone: a
+        # losing probe must not floor the cheap drafts with it
+        costly_probe = bool(step.drafted and not step.cheap and self.costly_floor.probing)
         if step.drafted and not step.cheap:
             if self._costly_loses():
                 self.costly_floor = gates.on_floor(self.cfg.probe, self.costly_floor)
@@ -178,6 +181,8 @@ class GatedPolicy:
             self.costly_floor = gates.on_plain_step(self.costly_floor)
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
+            return
+        if costly_probe:
             return
         fire = False
         if self.cfg.entropy is not None and step.p1 is not None:
