@@ -56,6 +56,8 @@ class DraftContext:
     max_draft: most tokens the drafter may propose now (room left and the policy's cap).
     max_cheap: most tokens of a draft marked `cheap` (the policy prices free drafts apart, so
       a copy from the prompt may be longer, or shorter, than a costly draft); None: max_draft.
+      max_draft may be 0 while max_cheap > 0: only a cheap draft is wanted this step (the
+      policy holds a losing model drafter back), so return a cheap draft or nothing.
     features: (m, F) target tap features for the m newly cached positions, or None when the
       drafter declares no taps. In `prefill` the rows are prompt_tokens[:-1]; in `advance` row i
       is the position whose logits predicted committed_tokens[i].
