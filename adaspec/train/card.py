@@ -120,6 +120,8 @@ def plot(path: Path, m: dict) -> bool:
         b.plot([offset + e["step"] for e in ev], [e["tau"] for e in ev], marker="o")
         offset += run["steps"]
     a.set(xlabel="step", ylabel="training loss (20-step mean)", title="loss")
+    if offset > m["steps"]:  # more than one run: say which curve is which
+        a.legend()
     b.set(xlabel="step", ylabel="held-out tau", title="tau (greedy, bonus included)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)

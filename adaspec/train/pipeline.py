@@ -122,7 +122,7 @@ _SHAPE_KEYS = (
 )
 
 
-def init_from_checkpoint(drafter: DFlashModel, folder: str, info: TargetInfo) -> None:
+def init_from_checkpoint(drafter: DFlashModel, folder: Path, info: TargetInfo) -> None:
     """Start from a trained drafter's weights (a warm start); its shape, block, taps and mask
     token must be the recipe's."""
     old = load_model(folder, info)
@@ -133,7 +133,7 @@ def init_from_checkpoint(drafter: DFlashModel, folder: str, info: TargetInfo) ->
     }
     if diff:
         raise TrainingError(
-            f"init checkpoint {folder!r} does not match the recipe: "
+            f"init checkpoint {str(folder)!r} does not match the recipe: "
             + ", ".join(f"{k} is {a}, the recipe gives {b}" for k, (a, b) in diff.items())
             + "; accepted: a checkpoint of the same shape, block, taps and mask token"
         )
@@ -206,8 +206,8 @@ def train_dflash(
     drafter = DFlashModel(cfg)
     if recipe.init == "target":
         init_from_target(drafter, model)
-    elif recipe.init != "random":
-        init_from_checkpoint(drafter, recipe.init, info)
+    elif recipe.warm_start is not None:
+        init_from_checkpoint(drafter, recipe.warm_start, info)
     trainer = Trainer(
         drafter,
         model,
@@ -236,9 +236,8 @@ def train_dflash(
         "drafter": cfg.to_dict(),
         "final_train_loss": float(np.mean([x[1] for x in history.loss[-20:]])),
     }
-    prev = Path(recipe.init) / "metrics.json"
-    if recipe.init not in ("target", "random") and prev.is_file():
-        metrics["warm_start"] = json.loads(prev.read_text())
+    if recipe.warm_start is not None and (recipe.warm_start / "metrics.json").is_file():
+        metrics["warm_start"] = json.loads((recipe.warm_start / "metrics.json").read_text())
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     card.write(out, metrics)
     return metrics

@@ -78,12 +78,16 @@ class Recipe:
             )
         if self.block < 2:
             raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
-        known = self.init in ("target", "random")
-        if not known and not (Path(self.init) / "config.json").is_file():
+        if self.warm_start is not None and not (self.warm_start / "config.json").is_file():
             raise TrainingError(
                 f"init={self.init!r} is invalid; accepted: target, random, or a DFlash "
                 "checkpoint folder (with config.json)"
             )
+
+    @property
+    def warm_start(self) -> Path | None:
+        """The checkpoint folder `init` names, or None for "target" / "random"."""
+        return None if self.init in ("target", "random") else Path(self.init)
 
 
 TINY = dict(n_news=6, n_code=4, heldout=0.2, max_prompt=96, max_new=24, gen_batch=4, layers=1)

@@ -51,12 +51,22 @@ class Head:
 
     def __init__(self, target: Any, rows: np.ndarray | None = None):
         self.embed, self.project = embedding_and_head(target)
-        self.rows = None if rows is None else mx.array(rows.astype(np.int32))
-        self.weight = None if rows is None else _head_weight(self.embed, self.project)[self.rows]
+        self.rows = self.weight = self._index = None
+        if rows is not None:
+            self.rows = mx.array(rows.astype(np.int32))
+            self.weight = _head_weight(self.embed, self.project)[self.rows]
+            index = np.zeros(int(rows.max()) + 1, dtype=np.int32)
+            index[rows] = np.arange(len(rows), dtype=np.int32)
+            self._index = mx.array(index)
 
     def logits(self, h: mx.array) -> mx.array:
         """Logits over the full vocabulary, or over `rows` (in their order)."""
         return self.project(h) if self.weight is None else h @ self.weight.T
+
+    def labels(self, token_ids: mx.array) -> mx.array:
+        """Token ids as indices into the columns `logits` returns (ids outside `rows` are not
+        allowed)."""
+        return token_ids if self._index is None else self._index[token_ids]
 
 
 def _head_weight(embed: Any, project: Any) -> mx.array:
@@ -145,13 +155,9 @@ class Trainer:
             raise TrainingError("no training sequences; accepted: at least one")
         self.model, self.head, self.hyper = model, Head(target), hyper
         self.train, self.heldout = list(train), list(heldout)
-        self.loss_head, self.remap = self.head, None
-        if hyper.vocab == "data":
-            rows = data_vocab(self.train)
-            self.loss_head = Head(target, rows)
-            remap = np.zeros(int(rows.max()) + 1, dtype=np.int32)
-            remap[rows] = np.arange(len(rows), dtype=np.int32)
-            self.remap = mx.array(remap)
+        self.loss_head = (
+            Head(target, data_vocab(self.train)) if hyper.vocab == "data" else self.head
+        )
         self.features_dir, self.state_dir = features_dir, state_dir
         cfg = model.cfg
         self.width = len(cfg.target_layer_ids) * cfg.hidden_size
@@ -201,8 +207,7 @@ class Trainer:
             for s in seqs
         ]
         b = self._batch(seqs, anchors)
-        if self.remap is not None:  # labels as indices into the data vocabulary
-            b["labels"] = self.remap[b["labels"]]
+        b["labels"] = self.loss_head.labels(b["labels"])
         loss, grads = self._grad(b)
         grads, _ = optim.clip_grad_norm(grads, self.hyper.clip)
         self.opt.update(self.model, grads)
