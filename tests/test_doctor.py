@@ -45,13 +45,36 @@ def test_collect_with_a_model(tmp_path, cache):
     assert "verify cost" in text and "16 tokens" in text
 
 
+class _Recording:
+    """A model that records the tokens fed with each cache."""
+
+    def __init__(self, model):
+        self.model, self.args, self.fed = model, model.args, []
+
+    def __call__(self, x, cache=None):
+        self.fed.append((x, cache))
+        return self.model(x, cache=cache)
+
+
 def test_forward_times_leave_the_cache_usable(tmp_path, cache):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
     from adaspec.targets.loader import load
 
     tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "qwen2", "F16")
     model, _ = load(tiny.path)
-    t = doctor.forward_times(model, repeats=2, context=8)
+    timed, recording = make_prompt_cache(model), _Recording(model)
+    t = doctor.forward_times(recording, repeats=2, context=8, cache=timed)
     assert t["context"] == 8 and t["verify_cost_ratio"] > 0
+    fed = [x for x, c in recording.fed if c is timed]
+    assert len(fed) > 1 and fed[0].shape == (1, 8)  # a prefill, then the timed forwards
+    # the timed cache continues like a fresh one that saw the prefill alone
+    fresh = make_prompt_cache(model)
+    model(fed[0], cache=fresh)
+    nxt = mx.array([[5, 17, 3]])
+    assert timed[0].offset == fresh[0].offset == 8
+    assert mx.allclose(model(nxt, cache=timed), model(nxt, cache=fresh), atol=1e-5).item()
 
 
 def test_cli_doctor_json(capsys):
