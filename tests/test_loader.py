@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from gguf_fixtures import write_tiny_gguf
+from gguf_fixtures import TEXT, trained_tokenizer, write_tiny_gguf
 
 import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
 from adaspec.errors import ModelLoadError
@@ -54,10 +54,13 @@ def test_gguf_is_converted_once_and_reused(tiny_gguf, settings, count_conversion
     entry = _entry(settings)
     assert loader.verify_entry(entry) is None
     assert json.loads((entry / loader.MANIFEST).read_text())["dtype"] == "float32"
-    model2, _ = loader.load(str(tiny_gguf.path), settings=settings)
+    model2, tok2 = loader.load(str(tiny_gguf.path), settings=settings)
     assert len(count_conversions) == 1  # second load reused the cache entry
     assert model2.args.hidden_size == model.args.hidden_size
-    assert tok.encode("hello") == tok.encode("hello")
+    # both tokenizers agree with the BPE the GGUF was written from
+    original = trained_tokenizer()
+    for text in ("hello", TEXT[:120]):
+        assert tok.encode(text) == tok2.encode(text) == original.encode(text).ids
     # No temporary directories are left behind.
     assert [p.name for p in (settings.cache / "models").iterdir()] == [entry.name]
     no_weights = settings.cache / "no-weights"
