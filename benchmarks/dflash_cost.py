@@ -106,11 +106,11 @@ def drafter_steps(
     d = DFlashDrafter(DFlashModel(cfg), target_info(model), window=window)
     feats = mx.random.normal((context, len(TAPS) * 576))
     prompt = list(range(context + 1))
-    d.prefill(prompt, DraftContext(prompt, 0, feats))
+    d.prefill(prompt, DraftContext(prompt, 0, features=feats))
     ctx = DraftContext(prompt, block - 1)
 
     def advance() -> None:
-        d.advance([1, 2, 3, 4], DraftContext(prompt, 0, feats[:4]))
+        d.advance([1, 2, 3, 4], DraftContext(prompt, 0, features=feats[:4]))
         mx.eval(d.cache.keys, d.cache.values)
         d.rollback(4)
 

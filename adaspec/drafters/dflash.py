@@ -1,8 +1,10 @@
 """DFlash drafter: drafts a whole block in one pass, conditioned on the target's tap features.
 
-Registry spec: ``dflash:DIR[,block=N][,window=N][,sink=N]`` -- DIR is a z-lab-format checkpoint
-folder (config.json + *.safetensors; it may not contain ',' here, use `load()` for such paths);
-block overrides the checkpoint's block size, window/sink the attended context (sink + recent).
+Registry spec: ``dflash:DIR[,block=N][,window=N][,sink=N][,head=N]`` -- DIR is a z-lab-format
+checkpoint folder (config.json + *.safetensors; it may not contain ',' here, use `load()` for
+such paths); block overrides the checkpoint's block size, window/sink the attended context
+(sink + recent), head the checkpoint's head token set (0: the full vocabulary, N: its N most
+frequent ids).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..settings import Settings
 from ..targets.adapter import embedding_and_head
 from .base import Draft, DraftContext, TargetInfo
 from .dflash_checkpoint import check_target, load_model, save_model
+from .dflash_head import DraftHead, head_subset
 from .dflash_model import DFlashModel
 from .pld import parse_kv
 
@@ -128,7 +131,10 @@ class DFlashDrafter:
         block: int = 0,
         window: int = 2048,
         sink: int = 4,
+        head: int | None = None,
     ):
+        """head: None uses the checkpoint's head token set as stored (the full vocabulary when
+        it has none), 0 the full vocabulary, N > 0 the set's first (most frequent) N ids."""
         cfg = model.cfg
         check_target(cfg, info)
         self.block = block or cfg.block_size
@@ -145,7 +151,8 @@ class DFlashDrafter:
         self.model, self.cfg, self.window, self.sink = model, cfg, window, sink
         self.needs_taps = cfg.target_layer_ids
         self.vocab_size = cfg.vocab_size
-        self._embed, self._head = embedding_and_head(info.model)
+        self._embed, project = embedding_and_head(info.model)
+        self.head = DraftHead(project, cfg.vocab_size, head_subset(model.head_token_ids, head))
         self.tokens: list[int] = []
         self.cache = ContextCache(model)
 
@@ -184,41 +191,47 @@ class DFlashDrafter:
         del self.tokens[len(self.tokens) - n :]
         self.cache.truncate(len(self.tokens) - 1)
 
-    def block_logits(self, k: int) -> mx.array:
-        """(k, V) float32 logits of the k positions after the last committed token."""
+    def hidden(self, k: int) -> mx.array:
+        """(k, d) final-normed drafter states of the k positions after the last committed
+        token."""
         if not self.tokens:
             raise DrafterError("dflash draft() before prefill(); accepted: prefill a prompt first")
         ids = mx.array([self.tokens[-1]] + [self.cfg.mask_token_id] * (self.block - 1))
         x = self._embed(ids)[None].astype(mx.float32)
         ctx, pos = self.cache.view(self.window, self.sink)
-        h = self.model(x, ctx, len(self.tokens) - 1, pos)
-        return self._head(h[0, 1 : k + 1]).astype(mx.float32)
+        return self.model(x, ctx, len(self.tokens) - 1, pos)[0, 1 : k + 1]
+
+    def block_logits(self, k: int) -> mx.array:
+        """(k, n) float32 logits of the k positions after the last committed token over the
+        head's tokens: the whole vocabulary (n = V), or head.ids in their order."""
+        return self.head.logits(self.hidden(k))
 
     def draft(self, ctx: DraftContext) -> Draft:
         k = min(self.block - 1, ctx.max_draft)
         if k <= 0:
             return Draft()
-        logits = self.block_logits(k)
+        h = self.hidden(k)
         if ctx.temperature <= 0:
-            return Draft(tuple(np.array(mx.argmax(logits, axis=-1)).tolist()))
-        q = np.array(mx.softmax(logits / ctx.temperature, axis=-1), dtype=np.float64)
-        q /= q.sum(axis=1, keepdims=True)
-        c = np.cumsum(q, axis=1)
-        u = ctx.rng.random(k) * c[:, -1]
-        toks = [
-            min(int(np.searchsorted(c[i], u[i], side="right")), q.shape[1] - 1) for i in range(k)
-        ]
-        return Draft(tuple(toks), q)
+            return Draft(self.head.greedy(h))
+        return Draft(*self.head.sample(h, ctx.temperature, ctx.rng))
 
     def save(self, path: str | Path, dtype: str = "float32") -> Path:
+        """The drafter's checkpoint: weights and the model's stored head token set, if any."""
         return save_model(self.model, path, dtype)
 
 
 def load(
-    path: str | Path, info: TargetInfo, *, block: int = 0, window: int = 2048, sink: int = 4
+    path: str | Path,
+    info: TargetInfo,
+    *,
+    block: int = 0,
+    window: int = 2048,
+    sink: int = 4,
+    head: int | None = None,
 ) -> DFlashDrafter:
     """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
-    return DFlashDrafter(load_model(path, info), info, block=block, window=window, sink=sink)
+    model = load_model(path, info)
+    return DFlashDrafter(model, info, block=block, window=window, sink=sink, head=head)
 
 
 SHIPPED = Path(__file__).parent / "checkpoints"
@@ -266,11 +279,12 @@ def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:
 
 
 def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DFlashDrafter:
-    folder, kw = split_arg(arg, ARG_KEYS, "dflash")
+    folder, kw = split_arg(arg, {**ARG_KEYS, "head": int}, "dflash")
     return load(
         checkpoint_dir(folder, info, "dflash"),
         info,
         block=kw.get("block", settings.dflash_block),
         window=kw.get("window", settings.dflash_ctx_window),
         sink=kw.get("sink", settings.dflash_ctx_sink),
+        head=kw.get("head"),
     )

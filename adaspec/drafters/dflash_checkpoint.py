@@ -1,5 +1,6 @@
 """DFlash checkpoints in z-lab's format (config.json + *.safetensors): validation against the
-config and the target, load and save."""
+config and the target, load and save. One optional tensor is adaspec's own: `head_token_ids`,
+the token set a restricted draft head proposes from (dflash_head.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from pathlib import Path
 from typing import cast
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
 from ..errors import DrafterError, DrafterMismatchError, ModelLoadError
 from .base import TargetInfo
+from .dflash_head import HEAD_KEY, check_head_tokens
 from .dflash_model import DFlashConfig, DFlashModel
 
 log = logging.getLogger(__name__)
@@ -99,9 +102,10 @@ def check_target(cfg: DFlashConfig, info: TargetInfo) -> None:
 
 def read_checkpoint(
     path: str | Path, info: TargetInfo | None = None
-) -> tuple[DFlashConfig, dict[str, mx.array]]:
-    """Config and weights, validated; with `info`, the config is checked against the target
-    before any weight is read (a drafter for another model is the likelier mistake)."""
+) -> tuple[DFlashConfig, dict[str, mx.array], np.ndarray | None]:
+    """Config, weights and the head's token set (None: the full vocabulary), validated; with
+    `info`, the config is checked against the target before any weight is read (a drafter for
+    another model is the likelier mistake)."""
     p = Path(path).expanduser()
     if not p.is_dir():
         raise ModelLoadError(
@@ -129,26 +133,44 @@ def read_checkpoint(
             weights.update(cast(dict, mx.load(str(f))))
         except Exception as exc:  # mlx raises bare RuntimeError/ValueError on broken files
             raise ModelLoadError(f"cannot read DFlash weights {str(f)!r}: {exc}") from None
+    head = weights.pop(HEAD_KEY, None)
     check_weights(weights, cfg, repr(str(p)))
-    return cfg, weights
+    if head is not None:
+        head = check_head_tokens(head, cfg.vocab_size, f"DFlash checkpoint {str(p)!r}")
+    return cfg, weights, head
 
 
 def load_model(path: str | Path, info: TargetInfo | None = None) -> DFlashModel:
     """Read a z-lab-format checkpoint; computation runs in float32 whatever the stored dtype."""
-    cfg, weights = read_checkpoint(path, info)
+    cfg, weights, head = read_checkpoint(path, info)
     model = DFlashModel(cfg)
     model.load_weights([(k, v.astype(mx.float32)) for k, v in weights.items()], strict=True)
+    model.head_token_ids = head
     mx.eval(model.parameters())
     log.info(
-        "loaded DFlash drafter %s: %d layers, block %d", path, cfg.num_hidden_layers, cfg.block_size
+        "loaded DFlash drafter %s: %d layers, block %d, head over %s tokens",
+        path,
+        cfg.num_hidden_layers,
+        cfg.block_size,
+        cfg.vocab_size if head is None else len(head),
     )
     return model
 
 
-def save_model(model: DFlashModel, path: str | Path, dtype: str = "float32") -> Path:
-    """Write config.json + model.safetensors in z-lab's format (dtype: float32/float16/bfloat16)."""
+def save_model(
+    model: DFlashModel,
+    path: str | Path,
+    dtype: str = "float32",
+    head_token_ids: np.ndarray | None = None,
+) -> Path:
+    """Write config.json + model.safetensors in z-lab's format (dtype: float32/float16/bfloat16).
+    head_token_ids (most frequent first, e.g. from `select_head_tokens`), or else the model's
+    own set, is written as an int32 tensor; without either the head is the full vocabulary."""
     if dtype not in ("float32", "float16", "bfloat16"):
         raise DrafterError(f"save dtype {dtype!r} is invalid; accepted: float32, float16, bfloat16")
+    head = model.head_token_ids if head_token_ids is None else head_token_ids
+    if head is not None:
+        head = check_head_tokens(head, model.cfg.vocab_size, "save_model")
     p = Path(path).expanduser()
     p.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg.to_dict()
@@ -156,5 +178,7 @@ def save_model(model: DFlashModel, path: str | Path, dtype: str = "float32") -> 
     (p / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     flat = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in flat}
+    if head is not None:
+        weights[HEAD_KEY] = mx.array(head)
     mx.save_safetensors(str(p / "model.safetensors"), weights, metadata={"format": "pt"})
     return p

@@ -255,6 +255,9 @@ class DFlashModel(nn.Module):
         from mlx_lm.models.rope_utils import initialize_rope
 
         self.cfg = cfg
+        # token set of a restricted draft head (most frequent first), stored with the
+        # checkpoint; a numpy array, so not a trained parameter; None: the full vocabulary
+        self.head_token_ids: np.ndarray | None = None
         d = cfg.hidden_size
         self.fc = nn.Linear(len(cfg.target_layer_ids) * d, d, bias=False)
         self.hidden_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
