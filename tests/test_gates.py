@@ -2,6 +2,7 @@
 floor / re-probe schedule, driven with synthetic step timings."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -143,19 +144,21 @@ def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
         assert n_spec <= warmup + sustain + 1
 
 
-@given(backoff=st.integers(1, 8), growth=st.floats(1, 3), cap=st.integers(8, 40))
-def test_probes_follow_the_backoff_schedule(backoff, growth, cap):
-    probe = gates.ProbeConfig(backoff=backoff, growth=growth, max_backoff=cap, probe_len=6)
-    pol = GatedPolicy(
-        PolicyConfig(entropy=None, commit=gates.CommitConfig(), probe=probe, t_ar_refresh=1e6)
-    )
-    trace = drive(pol, 600, lambda ctx: spec(ctx, 1, T_AR * 4))  # always losing
-    runs = [len(r) for r in trace.strip("A").split("S") if r][:6]  # plain runs between probes
-    want, b = [], backoff
-    for _ in runs:
-        want.append(b)
-        b = min(int(max(b, backoff) * growth), cap)
-    assert runs == want
+@pytest.mark.parametrize(
+    "env, want",
+    [
+        ({}, [8, 16, 32, 64, 128, 256, 256]),  # the documented defaults: 8, x2, capped at 256
+        ({"BACKOFF": "5", "GROWTH": "3", "MAX_BACKOFF": "100"}, [5, 15, 45, 100, 100]),
+        ({"BACKOFF": "4", "GROWTH": "1"}, [4, 4, 4, 4]),
+    ],
+)
+def test_probes_follow_the_backoff_schedule(env, want):
+    probe = {f"ADASPEC_PROBE_{k}": v for k, v in env.items()}
+    cfg = PolicyConfig.from_settings(from_env({"ADASPEC_GATE": "commit", **probe}))
+    pol = GatedPolicy(replace(cfg, t_ar_refresh=1e6))
+    trace = drive(pol, 1000, lambda ctx: spec(ctx, 1, T_AR * 4))  # always losing
+    runs = [len(r) for r in trace.strip("A").split("S") if r]  # plain runs between probes
+    assert runs[: len(want)] == want
     assert pol.floor.probes_lost == pol.floor.floors - 1
 
 
