@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import subprocess
 import sys
 import zipfile
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from adaspec.errors import ModelLoadError
 from adaspec.settings import from_env
 from adaspec.targets import catalogue
 
+SHARED = Path(__file__).resolve().parents[2] / "shared"
 PAYLOAD = bytes(range(256)) * 40 + b"tail"  # 10,244 bytes split over 3 parts
 
 
@@ -108,9 +111,54 @@ def test_part_not_matching_its_wheel_record_is_refused(fake, settings):
 def test_list_shows_every_entry(settings):
     rows = {r.name: r for r in catalogue.list(settings)}
     assert {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(rows)
-    assert rows["qwen2.5-coder-1.5b"].size == 1_117_320_768
+    assert all(r.size == catalogue.entry(name).size for name, r in rows.items())
     assert rows["qwen2.5-coder-0.5b"].state == "missing"  # a fresh cache holds nothing
     assert all(r.description for r in rows.values())
+
+
+def _design_section(title: str) -> str:
+    design = SHARED / "DESIGN.md"
+    if not design.is_file():
+        pytest.skip(f"{design} is absent (the design notes live beside the repo)")
+    return design.read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("name", [n for n, e in catalogue.ENTRIES.items() if e.parts])
+def test_chunked_entries_match_the_design_notes(name):
+    e = catalogue.entry(name)
+    notes = _design_section("7. Real models that install offline")
+    where = notes.index(f"`{e.dist}1..{e.parts}=={e.version}`")
+    size, sha = re.search(r"([\d,]+) bytes,\s+sha256 ([0-9a-f]{64})", notes[where:]).groups()
+    assert (int(size.replace(",", "")), sha) == (e.size, e.sha256)
+
+
+def _on_disk(e: catalogue.Entry) -> Path | None:
+    """The entry's file wherever it is, whatever its size (catalogue.path checks the size)."""
+    if e.parts:
+        p = catalogue.assembled_path(e)
+    else:
+        try:
+            p = Path(metadata.distribution(e.dist).locate_file(f"{e.module}/{e.filename}"))
+        except metadata.PackageNotFoundError:
+            return None
+    return p if p.is_file() else None
+
+
+@pytest.mark.parametrize("name", list(catalogue.ENTRIES))
+def test_entries_match_their_files(name):
+    e = catalogue.entry(name)
+    found = _on_disk(e)
+    if found is None:
+        pytest.skip(f"{name} is not on this machine ({catalogue.fetch_command(name)})")
+    h = hashlib.sha256()
+    with open(found, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    assert (found.stat().st_size, h.hexdigest()) == (e.size, e.sha256)
+    if not e.parts:  # the wheel's own RECORD agrees
+        record = metadata.distribution(e.dist).read_text("RECORD")
+        b64 = base64.urlsafe_b64encode(bytes.fromhex(e.sha256)).rstrip(b"=").decode()
+        assert f"{e.module}/{e.filename},sha256={b64},{e.size}" in record.splitlines()
 
 
 def test_unknown_name_lists_the_accepted_ones():
