@@ -14,7 +14,7 @@ from adaspec.drafters import dflash
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.adapter import KVTarget, target_info
-from adaspec.train.data import TrainSeq, tap_features
+from adaspec.train.data import TargetLabels, TrainSeq, target_forward
 from adaspec.train.objective import TrainingError
 from adaspec.train.pipeline import choose_mask_token, default_taps, train_dflash
 from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
@@ -28,13 +28,14 @@ def test_training_forward_equals_inference_for_every_anchor(arch):
     cfg = tiny_config(info, block=6, taps=(0, 1))
     model = tiny_dflash_model(cfg, seed=3)
     tokens = np.random.default_rng(1).integers(0, 256, size=30).astype(np.int32)
-    feats = np.array(tap_features(target, tokens, cfg.target_layer_ids))
+    feats, labels = target_forward(target, tokens, cfg.target_layer_ids, k=4)
+    feats = np.array(feats)
     # the trainer's early-exit extraction gives the features decoding computes
     via_adapter = np.array(KVTarget(target).prefill(tokens.tolist(), cfg.target_layer_ids))
     np.testing.assert_allclose(feats, via_adapter, atol=1e-4, rtol=1e-4)
     anchors = np.array([1, 7, 20, 28])
     seq = TrainSeq("s", False, tokens, 0)
-    b = batch_arrays([seq, seq], [feats, feats], [anchors, anchors[:2]], cfg)
+    b = batch_arrays([seq, seq], [feats, feats], [labels, labels], [anchors, anchors[:2]], cfg)
     got = np.array(block_logits(model, Head(target), b))
     for i, a in enumerate([*anchors, *anchors[:2]]):
         d = DFlashDrafter(model, info)
@@ -55,8 +56,12 @@ def test_data_vocabulary_head_gives_the_full_heads_columns(tied):
     np.testing.assert_allclose(
         np.array(part.logits(h)), np.array(full.logits(h))[..., rows], atol=1e-5, rtol=1e-5
     )
-    seqs = [TrainSeq("a", False, np.array([5, 3, 5, 9]), 1), TrainSeq("b", False, np.array([2]), 0)]
-    np.testing.assert_array_equal(data_vocab(seqs), [2, 3, 5, 9])
+    labs = [
+        TargetLabels(np.array([5, 3, 5, 9]), np.array([[5, 1], [3, 0], [5, 1], [9, 7]]), None),
+        TargetLabels(np.array([2]), np.array([[2, 4]]), None),
+    ]
+    np.testing.assert_array_equal(data_vocab(labs, soft=False), [2, 3, 5, 9])
+    np.testing.assert_array_equal(data_vocab(labs, soft=True), [0, 1, 2, 3, 4, 5, 7, 9])
 
 
 def test_default_taps_follow_zlab_rule():
@@ -90,10 +95,10 @@ def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
     assert cfg["dflash_config"]["mask_token_id"] == m["mask_token"]["id"]
 
     # a second run finds every stage done: nothing is regenerated or retrained
-    stamp = (out / "work" / "responses.jsonl").stat().st_mtime_ns
+    stamp = (out / "work" / "responses" / "index.json").stat().st_mtime_ns
     again = train_dflash(target, tok, out, recipe, progress=False)
     assert again["loss"] == m["loss"]
-    assert (out / "work" / "responses.jsonl").stat().st_mtime_ns == stamp
+    assert (out / "work" / "responses" / "index.json").stat().st_mtime_ns == stamp
 
     # the saved drafter loads through the public path and keeps the output lossless
     info = target_info(target, tok)

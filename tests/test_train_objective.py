@@ -11,6 +11,7 @@ from adaspec.train.objective import (
     block_mask,
     default_gamma,
     group_mask,
+    label_counts,
     make_blocks,
     position_weights,
     sample_anchors,
@@ -18,13 +19,13 @@ from adaspec.train.objective import (
 
 
 @given(st.integers(0, 50), st.integers(0, 80), st.integers(0, 40), st.integers(0, 2**32 - 1))
-def test_anchors_are_distinct_sorted_and_leave_a_label(start, length, n, seed):
+def test_anchors_are_distinct_sorted_and_in_range(start, length, n, seed):
     end = start + length
     a = sample_anchors(np.random.default_rng(seed), start, end, n)
-    assert len(a) == min(n, max(end - 1 - start, 0))
+    assert len(a) == min(n, max(end - start, 0))
     assert np.all(np.diff(a) > 0)
     if len(a):
-        assert a.min() >= start and a.max() <= end - 2
+        assert a.min() >= start and a.max() <= end - 1
 
 
 @given(st.lists(st.integers(0, 30), min_size=1, max_size=6, unique=True), st.integers(2, 9))
@@ -42,22 +43,46 @@ def test_block_mask_sees_exactly_the_committed_context_and_its_own_block(anchors
 
 
 @given(st.integers(3, 40), st.integers(2, 9), st.data())
-def test_blocks_hold_the_anchor_token_masks_and_the_following_labels(T, B, data):
+def test_on_greedy_text_every_position_is_labelled_with_the_next_token(T, B, data):
     tokens = np.arange(100, 100 + T)
-    a = np.array(sorted(data.draw(st.sets(st.integers(0, T - 2), min_size=1, max_size=5))))
-    b = make_blocks(tokens, a, B, mask_id=7)
+    greedy = tokens + 1  # the text is the target's greedy chain throughout
+    a = np.array(sorted(data.draw(st.sets(st.integers(0, T - 1), min_size=1, max_size=5))))
+    b = make_blocks(tokens, greedy, a, B, mask_id=7)
     assert np.array_equal(b.inputs[:, 0], tokens[a])
     assert (b.inputs[:, 1:] == 7).all()
     for i, ai in enumerate(a):
         for k in range(1, B):
-            assert b.valid[i, k - 1] == (ai + k < T)
-            if ai + k < T:
-                assert b.labels[i, k - 1] == tokens[ai + k]
+            # the prediction after the last token labels one position past the text
+            assert b.valid[i, k - 1] == (ai + k - 1 < T)
+            if ai + k - 1 < T:
+                assert b.labels[i, k - 1] == 100 + ai + k
+
+
+@given(st.lists(st.integers(0, 3), min_size=2, max_size=30), st.integers(2, 9), st.data())
+def test_labels_follow_the_greedy_chain_and_stop_where_the_text_leaves_it(text, B, data):
+    tokens = np.array(text)
+    greedy = np.array(
+        data.draw(st.lists(st.integers(0, 3), min_size=len(text), max_size=len(text)))
+    )
+    T = len(tokens)
+    a = np.arange(T)
+    b = make_blocks(tokens, greedy, a, B, mask_id=9)
+    for i in a:
+        for j in range(1, B):
+            inside = i + j - 1 < T
+            chain = inside and all(tokens[i + m] == greedy[i + m - 1] for m in range(1, j))
+            assert b.valid[i, j - 1] == chain
+            if b.valid[i, j - 1]:
+                assert b.labels[i, j - 1] == greedy[i + j - 1] and b.source[i, j - 1] == i + j - 1
+    counts = label_counts(tokens, greedy, B)
+    np.testing.assert_array_equal(counts, b.valid[1:].sum(0))
 
 
 def test_bad_anchor_is_refused():
     with pytest.raises(TrainingError, match="anchors"):
-        make_blocks(np.arange(5), np.array([4]), 4, 0)
+        make_blocks(np.arange(5), np.arange(5), np.array([5]), 4, 0)
+    with pytest.raises(TrainingError, match="greedy"):
+        make_blocks(np.arange(5), np.arange(4), np.array([1]), 4, 0)
 
 
 def test_position_weights_follow_the_paper():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,12 @@ class PromptRecord:
     source: str  # "news" or "code"
     heldout: bool
     messages: tuple[dict, ...]
+
+    @property
+    def key(self) -> str:
+        """What identifies a prompt across runs and machines: a hash of its messages."""
+        text = json.dumps(list(self.messages), sort_keys=True, ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
         return {

@@ -1,12 +1,14 @@
-"""Training data stages, each resumable from what is already on disk: the frozen target answers
-the prompts (batched greedy generation), then its tap features are extracted per sequence."""
+"""Training sequences and what one target forward gives for each: the tap features and the
+target's own predictions (greedy id, top-k log-probabilities) at every position, cached on disk
+per sequence and resumed from what is there."""
 
 from __future__ import annotations
 
-import json
+import hashlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from ..prompting import prompt_ids
 from ..targets.adapter import layer_list, layer_output, spying
-from .corpus import PromptRecord
 from .objective import TrainingError
 
 log = logging.getLogger(__name__)
@@ -24,118 +24,61 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainSeq:
-    """One training sequence: prompt + the target's own response, as token ids."""
+    """One training sequence: a chat-formatted prompt and, when the target answered it, the
+    target's greedy response (prompt_len == len(tokens) when there is none)."""
 
     id: str
     heldout: bool
     tokens: np.ndarray  # (T,) int32
     prompt_len: int
 
+    @cached_property
+    def key(self) -> str:
+        """File stem of the sequence's cache: its id and a hash of its tokens (a prompt that
+        gains a response is a new sequence)."""
+        digest = hashlib.sha256(np.asarray(self.tokens, np.int32).tobytes()).hexdigest()
+        return f"{self.id}-{digest[:12]}"
 
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            # a run cut off mid-write leaves a partial last line: drop it, redo that record
-            log.warning("%s line %d is incomplete; it will be regenerated", path, n)
-    return rows
+    @property
+    def has_response(self) -> bool:
+        return self.prompt_len < len(self.tokens)
 
 
-def _batches(items: list, size: int) -> Iterator[list]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+@dataclass(frozen=True)
+class TargetLabels:
+    """The target's predictions after each prefix tokens[:p+1] of a sequence."""
+
+    greedy: np.ndarray  # (T,) int32 argmax
+    top_ids: np.ndarray  # (T, k) int32, most likely first
+    top_logprobs: np.ndarray  # (T, k) float32 log-softmax values of top_ids
 
 
-def generate_responses(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[PromptRecord],
-    out: Path,
-    *,
-    max_prompt: int,
-    max_new: int,
-    batch: int,
-    progress: bool = True,
-) -> list[dict]:
-    """Greedy responses of the target, appended to `out` (JSONL) batch by batch; records
-    already in `out` are kept, so a cut-off run resumes where it stopped."""
-    from mlx_lm import batch_generate
-
-    done = {r["id"]: r for r in read_jsonl(out)}
-    todo = [p for p in prompts if p.id not in done]
-    bar = tqdm(
-        total=len(prompts),
-        initial=len(prompts) - len(todo),
-        disable=not progress,
-        desc="responses",
-        unit="prompt",
-    )
-    with out.open("a", encoding="utf-8") as f:
-        for chunk in _batches(todo, batch):
-            ids = [prompt_ids(tokenizer, list(p.messages))[-max_prompt:] for p in chunk]
-            res = batch_generate(model, tokenizer, ids, max_tokens=max_new, return_token_ids=True)
-            for p, prompt, resp in zip(chunk, ids, res.token_ids or []):
-                rec = {"id": p.id, "heldout": p.heldout, "prompt": prompt, "response": resp}
-                f.write(json.dumps(rec) + "\n")
-                done[p.id] = rec
-            f.flush()
-            bar.update(len(chunk))
-    bar.close()
-    return [done[p.id] for p in prompts if p.id in done]
-
-
-def to_sequences(records: Sequence[dict], min_response: int = 2) -> list[TrainSeq]:
-    out = []
-    for r in records:
-        if len(r["response"]) < min_response:
-            continue
-        toks = np.array(r["prompt"] + r["response"], dtype=np.int32)
-        out.append(TrainSeq(r["id"], bool(r["heldout"]), toks, len(r["prompt"])))
-    return out
-
-
-class _Done(Exception):
-    """Raised after the deepest tap layer: the layers above it and the lm_head are not needed."""
-
-
-class _Last:
-    """Stands in for the deepest tap layer: runs it, keeps its output, ends the forward."""
-
-    def __init__(self, layer: Any):
-        self.layer = layer
-        self.out: Any = None
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.out = self.layer(*args, **kwargs)
-        raise _Done
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.layer, name)
-
-
-def tap_features(model: Any, tokens: np.ndarray, taps: tuple[int, ...]) -> mx.array:
-    """(T, len(taps) * hidden) outputs of the tap layers over the whole sequence, one forward
-    without a cache (the same values the adapter's chunked prefill and verify compute)."""
+def target_forward(
+    model: Any, tokens: np.ndarray, taps: tuple[int, ...], k: int
+) -> tuple[mx.array, TargetLabels]:
+    """One forward without a cache: (T, len(taps) * hidden) tap-layer outputs (the values the
+    adapter's chunked prefill and verify compute) and the target's predictions."""
     layers = layer_list(model)
-    last = max(taps)
-    stop = _Last(layers[last])
-    with spying([(layers, i) for i in taps if i != last]) as spies:
-        layers[last] = stop
-        try:
-            model(mx.array(tokens, dtype=mx.uint32)[None])
-        except _Done:
-            pass
-        finally:
-            layers[last] = stop.layer
-    found = iter(layer_output(s) for s in spies)
-    out = stop.out[0] if isinstance(stop.out, tuple) else stop.out
-    return mx.concatenate([out[0] if i == last else next(found) for i in taps], axis=-1)
+    with spying([(layers, i) for i in sorted(set(taps))]) as spies:
+        logits = model(mx.array(tokens, dtype=mx.uint32)[None])[0].astype(mx.float32)
+        by_layer = {i: layer_output(s) for i, s in zip(sorted(set(taps)), spies)}
+    feats = mx.concatenate([by_layer[i] for i in taps], axis=-1)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    k = min(k, logits.shape[-1])
+    top = mx.argpartition(-logp, k - 1, axis=-1)[:, :k]
+    vals = mx.take_along_axis(logp, top, axis=-1)
+    order = mx.argsort(-vals, axis=-1)
+    top, vals = mx.take_along_axis(top, order, axis=-1), mx.take_along_axis(vals, order, axis=-1)
+    greedy = mx.argmax(logits, axis=-1)
+    mx.eval(feats, top, vals, greedy)
+    labels = TargetLabels(
+        np.array(greedy).astype(np.int32), np.array(top).astype(np.int32), np.array(vals)
+    )
+    return feats, labels
+
+
+def _paths(folder: Path, seq: TrainSeq, k: int) -> tuple[Path, Path]:
+    return folder / f"{seq.key}.npy", folder / f"{seq.key}.top{k}.npz"
 
 
 def extract_features(
@@ -143,21 +86,32 @@ def extract_features(
     seqs: Sequence[TrainSeq],
     taps: tuple[int, ...],
     folder: Path,
+    k: int,
     *,
     progress: bool = True,
 ) -> None:
-    """One float16 .npy per sequence in `folder`; existing files are kept (resume)."""
+    """Per sequence in `folder`: float16 features (.npy) and the target's labels (.npz, top-k
+    log-probs as float16); sequences with both files are skipped (resume)."""
     folder.mkdir(parents=True, exist_ok=True)
-    todo = [s for s in seqs if not (folder / f"{s.id}.npy").is_file()]
-    for s in tqdm(todo, disable=not progress, desc="features", unit="seq"):
-        f = tap_features(model, s.tokens, taps).astype(mx.float16)
-        tmp = folder / f"{s.id}.tmp.npy"
-        np.save(tmp, np.array(f))
-        tmp.replace(folder / f"{s.id}.npy")  # atomic: a cut-off write never looks complete
+    todo = [s for s in seqs if not all(p.is_file() for p in _paths(folder, s, k))]
+    for s in tqdm(todo, disable=not progress, desc="target forward", unit="seq"):
+        feats, lab = target_forward(model, s.tokens, taps, k)
+        fpath, lpath = _paths(folder, s, k)
+        with open(lpath.with_suffix(".tmp"), "wb") as f:
+            np.savez(
+                f,
+                greedy=lab.greedy,
+                top_ids=lab.top_ids,
+                top_logprobs=lab.top_logprobs.astype(np.float16),
+            )
+        np.save(fpath.with_suffix(".tmp.npy"), np.array(feats.astype(mx.float16)))
+        # atomic renames: a cut-off write never looks complete
+        lpath.with_suffix(".tmp").replace(lpath)
+        fpath.with_suffix(".tmp.npy").replace(fpath)
 
 
-def load_features(folder: Path, seq: TrainSeq, width: int) -> np.ndarray:
-    path = folder / f"{seq.id}.npy"
+def load_features(folder: Path, seq: TrainSeq, width: int, k: int) -> np.ndarray:
+    path = _paths(folder, seq, k)[0]
     try:
         f = np.load(path)
     except (OSError, ValueError) as exc:
@@ -168,3 +122,18 @@ def load_features(folder: Path, seq: TrainSeq, width: int) -> np.ndarray:
             f"({len(seq.tokens)}, {width}) for this sequence and these taps"
         )
     return f
+
+
+def load_labels(folder: Path, seq: TrainSeq, k: int) -> TargetLabels:
+    path = _paths(folder, seq, k)[1]
+    try:
+        with np.load(path) as z:
+            lab = TargetLabels(z["greedy"], z["top_ids"], z["top_logprobs"].astype(np.float32))
+    except (OSError, ValueError, KeyError) as exc:
+        raise TrainingError(f"cannot read labels {str(path)!r}: {exc}") from None
+    if len(lab.greedy) != len(seq.tokens):
+        raise TrainingError(
+            f"labels {str(path)!r} cover {len(lab.greedy)} positions; accepted: "
+            f"{len(seq.tokens)}, one per token of the sequence"
+        )
+    return lab

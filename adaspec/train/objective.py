@@ -1,5 +1,5 @@
-"""The DFlash training objective as pure numpy: random anchors, the block attention mask, the
-block labels and their position weights, and tau from predicted blocks (DESIGN §3)."""
+"""The DFlash training objective as pure numpy: random anchors, the block labels from the
+target's greedy predictions, the block attention mask, position weights, and tau (DESIGN §3)."""
 
 from __future__ import annotations
 
@@ -32,43 +32,72 @@ def position_weights(block: int, gamma: float) -> np.ndarray:
 
 
 def sample_anchors(rng: np.random.Generator, start: int, end: int, n: int) -> np.ndarray:
-    """Up to n distinct sorted anchor positions a with start <= a < end - 1 (each anchor is
-    followed by at least one label inside the sequence)."""
-    lo, hi = max(start, 0), end - 1
+    """Up to n distinct sorted anchor positions a with start <= a < end."""
+    lo, hi = max(start, 0), end
     if hi <= lo or n <= 0:
         return np.zeros(0, dtype=np.int64)
     return np.sort(rng.choice(np.arange(lo, hi), size=min(n, hi - lo), replace=False))
 
 
+def on_chain(tokens: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+    """(T,) bool: token p equals the target's greedy prediction after tokens[:p] (greedy[p-1]);
+    position 0 is never on the chain."""
+    on = np.zeros(len(tokens), bool)
+    on[1:] = tokens[1:] == greedy[:-1]
+    return on
+
+
 @dataclass(frozen=True)
 class BlockBatch:
-    """The blocks of one training sequence.
+    """The blocks of one training sequence, labelled by the target's own greedy predictions.
 
     inputs: (A, B) token ids [token[a], MASK, ..., MASK] per anchor a.
-    labels: (A, B-1) token[a+1 .. a+B-1] (0 where past the end).
-    valid: (A, B-1) bool, False past the end of the sequence.
+    labels: (A, B-1) greedy[a+j-1] for draft position j = 1..B-1 (0 where not valid).
+    valid: (A, B-1) bool: the label is what greedy decoding would produce there.
+    source: (A, B-1) the position whose target prediction is the label (clipped to T-1).
     anchors: (A,) absolute positions of the blocks' first slot.
     """
 
     inputs: np.ndarray
     labels: np.ndarray
     valid: np.ndarray
+    source: np.ndarray
     anchors: np.ndarray
 
 
-def make_blocks(tokens: np.ndarray, anchors: np.ndarray, block: int, mask_id: int) -> BlockBatch:
+def make_blocks(
+    tokens: np.ndarray, greedy: np.ndarray, anchors: np.ndarray, block: int, mask_id: int
+) -> BlockBatch:
+    """Blocks at `anchors` over any text. greedy[p] is the target's argmax after tokens[:p+1].
+    Draft position j of the block at a is labelled greedy[a+j-1], valid while that position
+    exists and tokens a+1..a+j-1 are all on the greedy chain: the first position is exact on
+    any text, deeper ones only where the text is what greedy decoding would have written."""
     T = len(tokens)
-    if len(anchors) and (anchors.min() < 0 or anchors.max() >= T - 1):
+    if len(greedy) != T:
+        raise TrainingError(f"greedy has {len(greedy)} entries; accepted: {T}, one per token")
+    if len(anchors) and (anchors.min() < 0 or anchors.max() >= T):
         raise TrainingError(
             f"anchors {anchors.min()}..{anchors.max()} are invalid for a sequence of {T} "
-            f"tokens; accepted: 0..{T - 2}"
+            f"tokens; accepted: 0..{T - 1}"
         )
-    pos = anchors[:, None] + np.arange(1, block)[None]  # (A, B-1) label positions
-    valid = pos < T
-    labels = np.where(valid, tokens[np.minimum(pos, T - 1)], 0)
+    source = anchors[:, None] + np.arange(block - 1)[None]  # (A, B-1): a + j - 1
+    inside = source < T
+    on = np.append(on_chain(tokens, greedy), False)  # one False past the end
+    steps = on[np.minimum(source[:, 1:], T)]  # on[a+1 .. a+B-2]
+    chain = np.cumprod(np.concatenate([np.ones((len(anchors), 1), bool), steps], 1), 1)
+    valid = inside & chain.astype(bool)
+    source = np.minimum(source, T - 1)
+    labels = np.where(valid, greedy[source], 0)
     inputs = np.full((len(anchors), block), mask_id, dtype=np.int64)
     inputs[:, 0] = tokens[anchors]
-    return BlockBatch(inputs, labels, valid, anchors)
+    return BlockBatch(inputs, labels, valid, source, anchors)
+
+
+def label_counts(tokens: np.ndarray, greedy: np.ndarray, block: int) -> np.ndarray:
+    """(B-1,) how many anchors 1..T-1 of a sequence have a valid label at each draft depth."""
+    if len(tokens) < 2:
+        return np.zeros(block - 1, dtype=np.int64)
+    return make_blocks(tokens, greedy, np.arange(1, len(tokens)), block, 0).valid.sum(0)
 
 
 def block_mask(anchors: np.ndarray, ctx_len: int, block: int, causal: bool = False) -> np.ndarray:

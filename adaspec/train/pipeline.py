@@ -1,10 +1,13 @@
-"""`train_dflash`: corpus -> prompts -> the target's responses -> tap features -> trained drafter
-in z-lab's format with a model card. Every stage keeps its output in OUT/work and resumes."""
+"""`train_dflash`: corpus -> prompts -> the target's responses (kept in a response store) ->
+one target forward per sequence (tap features + the target's labels) -> trained drafter in
+z-lab's format with a model card. Every stage resumes from what is on disk."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,137 +16,27 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.base import TargetInfo
-from ..drafters.dflash_checkpoint import load_model, save_model
-from ..drafters.dflash_model import DFlashConfig, DFlashModel
+from ..drafters.dflash_checkpoint import save_model
+from ..drafters.dflash_model import DFlashModel
 from ..prompting import prompt_ids
-from ..targets.adapter import inner_model, layer_list, target_info
+from ..targets.adapter import embedding_and_head, target_info
 from . import card
 from .corpus import PromptRecord, build_prompts
-from .data import extract_features, generate_responses, to_sequences
+from .data import TrainSeq, extract_features
+from .generate import answer_prompts, default_rows
 from .objective import TrainingError
 from .recipe import Recipe
+from .start import (  # noqa: F401  (default_taps is part of this module's interface)
+    choose_mask_token,
+    default_taps,
+    drafter_config,
+    init_from_checkpoint,
+    init_from_target,
+)
+from .store import Answer, ResponseStore
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-
-def default_taps(num_layers: int, n: int) -> tuple[int, ...]:
-    """n layers spread evenly from layer 1 to layer L-3 (z-lab's rule); fewer on small targets."""
-    lo, hi = (1, num_layers - 3) if num_layers >= 5 else (0, num_layers - 1)
-    if n == 1:
-        return (hi,)
-    return tuple(sorted({int(lo + i * (hi - lo) / (n - 1)) for i in range(n)}))
-
-
-def choose_mask_token(tokenizer: Any, vocab_size: int) -> tuple[int, str]:
-    """An id the drafter's MASK slots embed with, and why it was chosen: the last added special
-    token that is neither BOS/EOS/PAD nor used by the chat template."""
-    reserved = set(getattr(tokenizer, "eos_token_ids", None) or ())
-    for attr in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if getattr(tokenizer, attr, None) is not None:
-            reserved.add(int(getattr(tokenizer, attr)))
-    if getattr(tokenizer, "has_chat_template", False):
-        probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
-        reserved.update(int(t) for t in prompt_ids(tokenizer, probe))
-    specials = sorted(
-        int(i) for i in getattr(tokenizer, "all_special_ids", []) or [] if 0 <= i < vocab_size
-    )
-    added = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "added_tokens_decoder", {}) or {}
-    candidates = sorted({*specials, *(int(i) for i in added if int(i) < vocab_size)} - reserved)
-    if candidates:
-        tid = candidates[-1]
-        name = (
-            tokenizer.convert_ids_to_tokens(tid)
-            if hasattr(tokenizer, "convert_ids_to_tokens")
-            else tid
-        )
-        return tid, (
-            f"the vocabulary has no mask token; id {tid} ({name}) is a special token that is "
-            "neither BOS, EOS nor PAD and never appears in chat-formatted text, so its "
-            "embedding is free to serve as the MASK input"
-        )
-    return vocab_size - 1, (
-        f"the vocabulary has no mask token and no unused special token; the last id "
-        f"{vocab_size - 1} is used as the MASK input (it only ever sits in draft slots)"
-    )
-
-
-def drafter_config(model: Any, info: TargetInfo, recipe: Recipe, mask_id: int) -> DFlashConfig:
-    args = vars(getattr(model, "args", object()))
-    heads = int(args.get("num_attention_heads") or 8)
-    return DFlashConfig(
-        hidden_size=info.hidden_size,
-        num_hidden_layers=recipe.layers,
-        num_attention_heads=heads,
-        num_key_value_heads=int(args.get("num_key_value_heads") or heads),
-        head_dim=int(args.get("head_dim") or info.hidden_size // heads),
-        intermediate_size=int(args.get("intermediate_size") or 4 * info.hidden_size),
-        vocab_size=info.vocab_size,
-        target_layer_ids=default_taps(info.num_layers, recipe.n_taps),
-        mask_token_id=mask_id,
-        block_size=recipe.block,
-        rms_norm_eps=float(args.get("rms_norm_eps") or 1e-6),
-        rope_theta=float(args.get("rope_theta") or 10000.0),
-        max_position_embeddings=int(args.get("max_position_embeddings") or 32768),
-        num_target_layers=info.num_layers,
-    )
-
-
-def init_from_target(drafter: DFlashModel, target: Any) -> int:
-    """Copy the target's last decoder layers (and final norm) into the drafter where shapes
-    agree; returns how many weights were copied."""
-    layers = layer_list(target)
-    src = layers[len(layers) - len(drafter.layers) :]
-    copied = []
-    for j, layer in enumerate(src):
-        theirs = dict(_flat(layer.parameters()))
-        for k, v in _flat(drafter.layers[j].parameters()):
-            if k in theirs and theirs[k].shape == v.shape:
-                copied.append((f"layers.{j}.{k}", theirs[k].astype(mx.float32)))
-    norm = getattr(inner_model(target), "norm", None)
-    if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
-        copied.append(("norm.weight", norm.weight.astype(mx.float32)))
-    drafter.load_weights(copied, strict=False)
-    return len(copied)
-
-
-# what a warm start's checkpoint must share with the drafter being trained
-_SHAPE_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "block_size",
-    "target_layer_ids",
-    "mask_token_id",
-)
-
-
-def init_from_checkpoint(drafter: DFlashModel, folder: Path, info: TargetInfo) -> None:
-    """Start from a trained drafter's weights (a warm start); its shape, block, taps and mask
-    token must be the recipe's."""
-    old = load_model(folder, info)
-    diff = {
-        k: (getattr(old.cfg, k), getattr(drafter.cfg, k))
-        for k in _SHAPE_KEYS
-        if getattr(old.cfg, k) != getattr(drafter.cfg, k)
-    }
-    if diff:
-        raise TrainingError(
-            f"init checkpoint {str(folder)!r} does not match the recipe: "
-            + ", ".join(f"{k} is {a}, the recipe gives {b}" for k, (a, b) in diff.items())
-            + "; accepted: a checkpoint of the same shape, block, taps and mask token"
-        )
-    drafter.load_weights(_flat(old.parameters()), strict=True)
-
-
-def _flat(params: Any) -> list:
-    from mlx.utils import tree_flatten
-
-    return tree_flatten(params)
 
 
 def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
@@ -168,6 +61,101 @@ def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
     return built
 
 
+def fingerprint(info: TargetInfo, tokenizer: Any) -> dict:
+    """What a response store must match: the target's shape, its tokenizer (ids of a probe text
+    and of the chat template) and a digest of some embedding rows (its weights)."""
+    probe = [int(t) for t in tokenizer.encode("Hello, world.\ndef f(x):\n    return x\n")]
+    probe += prompt_ids(tokenizer, [{"role": "user", "content": "x"}])
+    embed, _ = embedding_and_head(info.model)
+    rows = np.round(np.array(embed(mx.arange(8)).astype(mx.float32)), 2)
+    return {
+        "model_type": info.model_type,
+        "vocab_size": info.vocab_size,
+        "hidden_size": info.hidden_size,
+        "num_layers": info.num_layers,
+        "tokenizer": hashlib.sha256(json.dumps(probe).encode()).hexdigest()[:16],
+        "weights": hashlib.sha256(rows.tobytes()).hexdigest()[:16],
+    }
+
+
+def respond_order(prompts: Sequence[PromptRecord]) -> list[PromptRecord]:
+    """The order prompts are answered in: news and code alternating, each in its own order (so
+    a prefix stays a prefix when --n-news or --n-code grows)."""
+    news = [p for p in prompts if p.source == "news"]
+    code = [p for p in prompts if p.source != "news"]
+    out = []
+    for i in range(max(len(news), len(code))):
+        out += [src[i] for src in (news, code) if i < len(src)]
+    return out
+
+
+def _answered(a: Answer) -> TrainSeq:
+    return TrainSeq(a.id, a.heldout, np.concatenate([a.prompt, a.response]), len(a.prompt))
+
+
+def sequences(
+    prompts: Sequence[PromptRecord], ids: Sequence[list[int]], answers: dict[str, Answer]
+) -> list[TrainSeq]:
+    """Every prompt as a sequence (prompt + stored response, or the prompt alone), then every
+    stored answer to a prompt this recipe does not build (the store is data in its own right)."""
+    out, seen = [], set()
+    for p, pid in zip(prompts, ids):
+        if p.key in answers:
+            out.append(_answered(answers[p.key]))
+            seen.add(p.key)
+        elif len(pid) >= 2:
+            out.append(TrainSeq(p.id, p.heldout, np.array(pid, np.int32), len(pid)))
+    out += [_answered(a) for k, a in sorted(answers.items()) if k not in seen]
+    return out
+
+
+def make_data(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[PromptRecord],
+    store: ResponseStore,
+    recipe: Recipe,
+    *,
+    progress: bool = True,
+) -> list[TrainSeq]:
+    """Answer the prompts the recipe asks for that the store lacks, then build the sequences."""
+    ids = [prompt_ids(tokenizer, list(p.messages))[-recipe.max_prompt :] for p in prompts]
+    answers = store.load()
+    by_key = {p.key: pid for p, pid in zip(prompts, ids)}
+    order = respond_order(prompts)[: recipe.respond]
+    todo = [(p, by_key[p.key]) for p in order if p.key not in answers]
+    if todo:
+        eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+        log.info("answering %d prompts (%d already in %s)", len(todo), len(answers), store.folder)
+        rows = recipe.gen_batch or default_rows()
+        answer_prompts(
+            model, eos, todo, store, max_new=recipe.max_new, rows=rows, progress=progress
+        )
+        answers = store.load()
+    return sequences(prompts, ids, answers)
+
+
+def data_summary(seqs: Sequence[TrainSeq]) -> dict:
+    train = [s for s in seqs if not s.heldout]
+    return {
+        "train_sequences": len(train),
+        "heldout_sequences": len(seqs) - len(train),
+        "answered_train_sequences": sum(s.has_response for s in train),
+        "train_prompt_tokens": int(sum(s.prompt_len for s in train)),
+        "train_response_tokens": int(sum(len(s.tokens) - s.prompt_len for s in train)),
+    }
+
+
+def _drafter(model: Any, cfg: Any, info: TargetInfo, recipe: Recipe) -> DFlashModel:
+    mx.random.seed(recipe.hyper.seed)
+    drafter = DFlashModel(cfg)
+    if recipe.init == "target":
+        init_from_target(drafter, model)
+    elif recipe.warm_start is not None:
+        init_from_checkpoint(drafter, recipe.warm_start, info)
+    return drafter
+
+
 def train_dflash(
     model: Any,
     tokenizer: Any,
@@ -190,24 +178,11 @@ def train_dflash(
     # which target the drafter was trained for: lets adaspec pick a shipped drafter by default
     cfg.extra["adaspec_target"] = {"name": target_name, "model_type": info.model_type}
     prompts = _prompts(work, recipe)
-    records = generate_responses(
-        model,
-        tokenizer,
-        prompts,
-        work / "responses.jsonl",
-        max_prompt=recipe.max_prompt,
-        max_new=recipe.max_new,
-        batch=recipe.gen_batch,
-        progress=progress,
-    )
-    seqs = to_sequences(records)
-    extract_features(model, seqs, cfg.target_layer_ids, work / "features", progress=progress)
-    mx.random.seed(recipe.hyper.seed)
-    drafter = DFlashModel(cfg)
-    if recipe.init == "target":
-        init_from_target(drafter, model)
-    elif recipe.warm_start is not None:
-        init_from_checkpoint(drafter, recipe.warm_start, info)
+    store = ResponseStore(recipe.data or work / "responses", fingerprint(info, tokenizer))
+    seqs = make_data(model, tokenizer, prompts, store, recipe, progress=progress)
+    k = recipe.hyper.topk
+    extract_features(model, seqs, cfg.target_layer_ids, work / "features", k, progress=progress)
+    drafter = _drafter(model, cfg, info, recipe)
     trainer = Trainer(
         drafter,
         model,
@@ -224,11 +199,9 @@ def train_dflash(
         "mask_token": {"id": mask_id, "why": why},
         "data": {
             "prompts": len(prompts),
-            "train_sequences": sum(not s.heldout for s in seqs),
-            "heldout_sequences": sum(s.heldout for s in seqs),
-            "train_response_tokens": int(
-                sum(len(s.tokens) - s.prompt_len for s in seqs if not s.heldout)
-            ),
+            "store": str(store.folder),
+            **data_summary(seqs),
+            "labels_by_depth": trainer.label_counts(),
         },
         "steps": history.step,
         "loss": history.loss,

@@ -31,13 +31,26 @@ class Hyper:
     # occur in the training sequences ("data": a quarter of SmolLM2's vocabulary, ~2x faster
     # steps); held-out evaluation always scores the full vocabulary
     vocab: str = "full"
+    # the target's top-k log-probabilities kept per position (soft labels), and the weight of
+    # their KL term in the loss: 0 trains on the greedy labels alone, 1 on the soft ones alone
+    topk: int = 32
+    soft: float = 0.0
 
     def __post_init__(self) -> None:
-        for k in ("epochs", "seqs_per_step", "anchors_per_seq", "eval_stride", "ckpt_every"):
+        for k in (
+            "epochs",
+            "seqs_per_step",
+            "anchors_per_seq",
+            "eval_stride",
+            "ckpt_every",
+            "topk",
+        ):
             if getattr(self, k) < 1:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
         if self.vocab not in ("full", "data"):
             raise TrainingError(f"vocab={self.vocab!r} is invalid; accepted: full, data")
+        if not 0 <= self.soft <= 1:
+            raise TrainingError(f"soft={self.soft} is invalid; accepted: 0 <= soft <= 1")
         if self.prompt_anchors < 0:
             raise TrainingError(f"prompt_anchors={self.prompt_anchors} is invalid; accepted: >= 0")
         if not (self.lr > 0 and 0 <= self.warmup < 1 and self.clip > 0 and self.gamma >= 0):
@@ -57,7 +70,12 @@ class Recipe:
     heldout: float = 0.05
     max_prompt: int = 512
     max_new: int = 256
-    gen_batch: int = 16
+    # how many prompts the target answers (news and code alternating); the others train as
+    # prompt text alone. None: all of them
+    respond: int | None = None
+    # the response store (token ids, kept in the repo); None: OUT/work/responses
+    data: str | None = None
+    gen_batch: int = 0  # decoding rows per batch; 0: the small-GEMM kernel's rows (<= 32)
     layers: int = 2
     block: int = 8
     n_taps: int = 5
@@ -68,9 +86,12 @@ class Recipe:
     hyper: Hyper = field(default_factory=Hyper)
 
     def __post_init__(self) -> None:
-        for k in ("max_prompt", "max_new", "gen_batch", "layers", "n_taps"):
+        for k in ("max_prompt", "max_new", "layers", "n_taps"):
             if getattr(self, k) < 1:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
+        for k in ("gen_batch", "respond"):
+            if (getattr(self, k) or 0) < 0:
+                raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 0")
         if self.n_news < 0 or self.n_code < 0 or self.n_news + self.n_code < 2:
             raise TrainingError(
                 f"n_news={self.n_news}, n_code={self.n_code} are invalid; accepted: >= 0 each, "

@@ -1,5 +1,6 @@
 """Training a DFlash drafter against a frozen target: batched block loss over cached tap
-features, AdamW with warm-up + cosine and clipping, held-out tau, resumable checkpoints."""
+features and target labels, AdamW with warm-up + cosine and clipping, held-out tau, resumable
+checkpoints."""
 
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ from tqdm import tqdm
 
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
 from ..targets.adapter import embedding_and_head
-from .data import TrainSeq, load_features
+from .data import TargetLabels, TrainSeq, load_features, load_labels
+from .loss import block_objective
 from .objective import (
     TrainingError,
     accepted_lengths,
     default_gamma,
     group_mask,
+    label_counts,
     make_blocks,
     position_weights,
     sample_anchors,
@@ -80,9 +83,13 @@ def _head_weight(embed: Any, project: Any) -> mx.array:
     return owner.weight.astype(mx.float32)
 
 
-def data_vocab(seqs: Sequence[TrainSeq]) -> np.ndarray:
-    """Sorted token ids that occur in the sequences: every label the loss can meet."""
-    return np.unique(np.concatenate([s.tokens for s in seqs]))
+def data_vocab(labels: Sequence[TargetLabels], soft: bool) -> np.ndarray:
+    """Sorted token ids the loss can meet: the greedy labels (and the top-k ids when the soft
+    term is on)."""
+    parts = [lab.greedy for lab in labels]
+    if soft:
+        parts += [lab.top_ids.reshape(-1) for lab in labels]
+    return np.unique(np.concatenate(parts))
 
 
 def _padded(feats: list[np.ndarray]) -> mx.array:
@@ -96,12 +103,15 @@ def _padded(feats: list[np.ndarray]) -> mx.array:
 def batch_arrays(
     seqs: Sequence[TrainSeq],
     feats: list[np.ndarray],
+    labels: list[TargetLabels],
     anchors: list[np.ndarray],
     cfg: DFlashConfig,
+    soft: bool = False,
 ) -> dict[str, mx.array]:
     """Everything one loss evaluation needs, for blocks of several sequences at once. Every
     sequence gets A = the most anchors of any (padding blocks at anchor 0, never scored);
-    `real` (N,) picks the real blocks, in order, out of the S*A."""
+    `real` (N,) picks the real blocks, in order, out of the S*A. With `soft`, also the target's
+    top-k ids and log-probs at each draft position."""
     A = max(len(a) for a in anchors)
     padded = np.zeros((len(anchors), A), dtype=np.int64)
     real = []
@@ -109,11 +119,12 @@ def batch_arrays(
         padded[i, : len(a)] = a
         real.extend(i * A + j for j in range(len(a)))
     blocks = [
-        make_blocks(s.tokens, a, cfg.block_size, cfg.mask_token_id) for s, a in zip(seqs, padded)
+        make_blocks(s.tokens, lab.greedy, a, cfg.block_size, cfg.mask_token_id)
+        for s, lab, a in zip(seqs, labels, padded)
     ]
     F = _padded(feats)
     keep = np.array(real)
-    return {
+    out = {
         "features": F,
         "anchors": mx.array(padded.reshape(-1)),
         "real": mx.array(keep),
@@ -122,6 +133,11 @@ def batch_arrays(
         "valid": mx.array(np.concatenate([b.valid for b in blocks])[keep]),
         "mask": mx.array(group_mask(padded, F.shape[1], cfg.block_size, cfg.causal(0))),
     }
+    if soft:
+        ids = np.concatenate([lab.top_ids[b.source] for lab, b in zip(labels, blocks)])
+        lp = np.concatenate([lab.top_logprobs[b.source] for lab, b in zip(labels, blocks)])
+        out["top_ids"], out["top_logprobs"] = mx.array(ids[keep]), mx.array(lp[keep])
+    return out
 
 
 def block_logits(model: DFlashModel, head: Head, b: dict[str, mx.array]) -> mx.array:
@@ -133,11 +149,28 @@ def block_logits(model: DFlashModel, head: Head, b: dict[str, mx.array]) -> mx.a
     return head.logits(h[b["real"], 1:]).astype(mx.float32)
 
 
-def block_loss(model: DFlashModel, head: Head, b: dict[str, mx.array], w: mx.array) -> mx.array:
-    """Position-weighted cross entropy over the valid draft positions."""
-    ce = nn.losses.cross_entropy(block_logits(model, head, b), b["labels"], reduction="none")
+def block_loss(
+    model: DFlashModel, head: Head, b: dict[str, mx.array], w: mx.array, soft: float = 0.0
+) -> mx.array:
+    """Position-weighted loss over the valid draft positions (see loss.block_objective)."""
     weight = w[None] * b["valid"]
-    return (ce * weight).sum() / mx.maximum(weight.sum(), 1e-9)
+    logits = block_logits(model, head, b)
+    return block_objective(
+        logits, b["labels"], weight, soft, b.get("top_ids"), b.get("top_logprobs")
+    )
+
+
+def anchors_for(rng: np.random.Generator, s: TrainSeq, hyper: Hyper) -> np.ndarray:
+    """anchors_per_seq in the response and prompt_anchors in the prompt; a sequence without a
+    response takes all of them in its text. Never at 0 (a block needs some context)."""
+    if not s.has_response:
+        return sample_anchors(rng, 1, len(s.tokens), hyper.anchors_per_seq + hyper.prompt_anchors)
+    return np.concatenate(
+        [
+            sample_anchors(rng, 1, s.prompt_len, hyper.prompt_anchors),
+            sample_anchors(rng, s.prompt_len, len(s.tokens) - 1, hyper.anchors_per_seq),
+        ]
+    )
 
 
 class Trainer:
@@ -155,10 +188,14 @@ class Trainer:
             raise TrainingError("no training sequences; accepted: at least one")
         self.model, self.head, self.hyper = model, Head(target), hyper
         self.train, self.heldout = list(train), list(heldout)
-        self.loss_head = (
-            Head(target, data_vocab(self.train)) if hyper.vocab == "data" else self.head
-        )
         self.features_dir, self.state_dir = features_dir, state_dir
+        self.labels = {
+            s.key: load_labels(features_dir, s, hyper.topk) for s in [*self.train, *self.heldout]
+        }
+        self.loss_head = self.head
+        if hyper.vocab == "data":
+            rows = data_vocab([self.labels[s.key] for s in self.train], hyper.soft > 0)
+            self.loss_head = Head(target, rows)
         cfg = model.cfg
         self.width = len(cfg.target_layer_ids) * cfg.hidden_size
         self.weights = mx.array(
@@ -180,11 +217,21 @@ class Trainer:
         self._grad = nn.value_and_grad(model, self._loss)
 
     def _loss(self, b: dict[str, mx.array]) -> mx.array:
-        return block_loss(self.model, self.loss_head, b, self.weights)
+        return block_loss(self.model, self.loss_head, b, self.weights, self.hyper.soft)
 
-    def _batch(self, seqs: Sequence[TrainSeq], anchors: list[np.ndarray]) -> dict[str, mx.array]:
-        feats = [load_features(self.features_dir, s, self.width) for s in seqs]
-        return batch_arrays(seqs, feats, anchors, self.model.cfg)
+    def _batch(
+        self, seqs: Sequence[TrainSeq], anchors: list[np.ndarray], soft: bool = False
+    ) -> dict[str, mx.array]:
+        feats = [load_features(self.features_dir, s, self.width, self.hyper.topk) for s in seqs]
+        labels = [self.labels[s.key] for s in seqs]
+        return batch_arrays(seqs, feats, labels, anchors, self.model.cfg, soft)
+
+    def label_counts(self) -> list[int]:
+        """Valid labels at each draft depth over every training position (anchors >= 1)."""
+        total = np.zeros(self.model.cfg.block_size - 1, dtype=np.int64)
+        for s in self.train:
+            total += label_counts(s.tokens, self.labels[s.key].greedy, self.model.cfg.block_size)
+        return total.tolist()
 
     def _order(self, epoch: int) -> list[TrainSeq]:
         perm = np.random.default_rng([self.hyper.seed, epoch]).permutation(len(self.train))
@@ -197,17 +244,10 @@ class Trainer:
         n = self.hyper.seqs_per_step
         seqs = self._order(epoch)[i * n : (i + 1) * n]
         rng = np.random.default_rng([self.hyper.seed, 1, step])
-        anchors = [
-            np.concatenate(
-                [
-                    sample_anchors(rng, 1, s.prompt_len, self.hyper.prompt_anchors),
-                    sample_anchors(rng, s.prompt_len, len(s.tokens), self.hyper.anchors_per_seq),
-                ]
-            )
-            for s in seqs
-        ]
-        b = self._batch(seqs, anchors)
+        b = self._batch(seqs, [anchors_for(rng, s, self.hyper) for s in seqs], self.hyper.soft > 0)
         b["labels"] = self.loss_head.labels(b["labels"])
+        if "top_ids" in b:
+            b["top_ids"] = self.loss_head.labels(b["top_ids"])
         loss, grads = self._grad(b)
         grads, _ = optim.clip_grad_norm(grads, self.hyper.clip)
         self.opt.update(self.model, grads)
@@ -215,29 +255,37 @@ class Trainer:
         return float(loss)
 
     def evaluate(self) -> dict:
-        """Held-out loss and tau: greedy block drafts at every eval_stride-th response position,
-        accepted up to the first token that differs from the target's own response."""
+        """Held-out metrics at every eval_stride-th position. Responses: the loss and tau (greedy
+        block drafts accepted up to the first token that differs from the target's label, bonus
+        included). Prompt text: text_accept1, the first draft token against the target's
+        argmax."""
         if not self.heldout:
             return {}
-        losses, acc = [], []
+        losses, acc, text = [], [], []
         for s in self.heldout:
-            a = np.arange(s.prompt_len, len(s.tokens) - 1, self.hyper.eval_stride)
-            if not len(a):
+            prompt = np.arange(1, s.prompt_len, self.hyper.eval_stride)
+            resp = np.arange(s.prompt_len, len(s.tokens) - 1, self.hyper.eval_stride)
+            if not len(prompt) + len(resp):
                 continue
-            b = self._batch([s], [a])
+            b = self._batch([s], [np.concatenate([prompt, resp])])
             logits = block_logits(self.model, self.head, b)
-            ce = nn.losses.cross_entropy(logits, b["labels"], reduction="none")
-            weight = self.weights[None] * b["valid"]
-            losses.append(float((ce * weight).sum() / mx.maximum(weight.sum(), 1e-9)))
-            pred = np.array(mx.argmax(logits, axis=-1))
-            acc.append(accepted_lengths(pred, np.array(b["labels"]), np.array(b["valid"])))
+            pred, labels = np.array(mx.argmax(logits, axis=-1)), np.array(b["labels"])
+            n = len(prompt)
+            text.append(pred[:n, 0] == labels[:n, 0])
+            if len(resp):
+                weight = self.weights[None] * b["valid"][n:]
+                losses.append(float(block_objective(logits[n:], b["labels"][n:], weight)))
+                acc.append(accepted_lengths(pred[n:], labels[n:], np.array(b["valid"])[n:]))
         lengths = np.concatenate(acc) if acc else np.zeros(0)
         per_pos = [float((lengths >= k).mean()) for k in range(1, self.model.cfg.block_size)]
+        hits = np.concatenate(text) if text else np.zeros(0)
         return {
             "loss": float(np.mean(losses)) if losses else float("nan"),
             "tau": float(1 + lengths.mean()) if len(lengths) else float("nan"),
-            "acceptance_by_position": per_pos,
+            "acceptance_by_position": per_pos if len(lengths) else [],
             "blocks": int(len(lengths)),
+            "text_accept1": float(hits.mean()) if len(hits) else float("nan"),
+            "text_blocks": int(len(hits)),
         }
 
     def run(self, progress: bool = True) -> History:
@@ -268,7 +316,7 @@ class Trainer:
     def _data_id(self) -> str:
         import hashlib
 
-        ids = ",".join(sorted(s.id for s in self.train))
+        ids = ",".join(sorted(s.key for s in self.train))
         return (
             f"{len(self.train)} sequences, sha256 {hashlib.sha256(ids.encode()).hexdigest()[:12]}"
         )
