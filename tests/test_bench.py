@@ -12,6 +12,7 @@ from tiny import byte_tokenizer, save_tiny, tiny_model
 from adaspec.bench import Prompt, markdown, run_suite
 from adaspec.bench_peer import PeerConfig, spec_counts
 from adaspec.cli import bench as cli_bench
+from adaspec.cli import main
 from adaspec.errors import GenerationArgumentError
 
 
@@ -112,10 +113,28 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_cli_peer_arguments_are_checked():
-    assert cli_bench._peer(_args(peer=None)) is None
+    assert cli_bench._peer(_args(peer=None), "pld") is None
     with pytest.raises(GenerationArgumentError, match="--peer 'vllm' is unknown; accepted"):
-        cli_bench._peer(_args(peer="vllm", peer_draft="x"))
+        cli_bench._peer(_args(peer="vllm", peer_draft="x"), "pld")
     with pytest.raises(GenerationArgumentError, match="needs a draft model"):
-        cli_bench._peer(_args())
+        cli_bench._peer(_args(), "pld")
     with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
-        cli_bench._peer(_args(drafter="draft-model:somewhere", peer_k=99))
+        cli_bench._peer(_args(peer_k=99), "draft-model:somewhere")
+    with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
+        cli_bench._peer(_args(peer_k=99), "auto:draft-model:somewhere,min_p1=0.5")
+
+
+def test_cli_bench_with_a_peer_draft_and_the_default_drafter(tmp_path):
+    target = save_tiny(tiny_model("qwen3", seed=1), TOK, tmp_path / "target")
+    draft = save_tiny(DRAFT, TOK, tmp_path / "draft")
+    suite, out = tmp_path / "suite.jsonl", tmp_path / "bench.json"
+    suite.write_text(
+        "".join(json.dumps({"id": p.id, "messages": p.messages}) + "\n" for p in SUITE)
+    )
+    argv = ["bench", "--model", str(target), "--suite", str(suite), "--limit", "1"]
+    argv += ["--max-tokens", "8", "--repeats", "1", "--ignore-chat-template", "--json", str(out)]
+    assert main([*argv, "--peer", "mlx-lm-spec", "--peer-draft", str(draft), "--peer-k", "2"]) == 0
+    res = json.loads(out.read_text())
+    assert res["config"]["drafter"] == "pld"  # no DFlash drafter ships for this model
+    (r,) = res["records"]
+    assert r["identical"] and r["peer_identical"] and r["peer_k"] == 2 and r["tokens"] == 8

@@ -65,12 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if not suite:
         raise GenerationArgumentError("no prompts left after --category/--grounded/--limit")
     model, tokenizer = load_model(args.model)
-    peer = _peer(args)
+    drafter = drafter_spec(args, model, tokenizer)
+    peer = _peer(args, drafter)
     result = run_suite(
         model,
         tokenizer,
         suite,
-        drafter=drafter_spec(args, model, tokenizer),
+        drafter=drafter,
         repeats=args.repeats,
         max_tokens=args.max_tokens,
         spec_kwargs=sampling_kwargs(args),
@@ -84,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peer(args: argparse.Namespace):
-    """The --peer configuration (its draft model loaded once and shared with the drafter)."""
+def _peer(args: argparse.Namespace, drafter: str):
+    """The --peer configuration (its draft model loaded once and shared with the drafter);
+    `drafter` is the spec in use (--drafter or the model's default)."""
     from ..bench_peer import PeerConfig, check_peer
     from ..drafters.draft_model import load_shared
     from ..drafters.registry import parse_spec
@@ -95,7 +97,7 @@ def _peer(args: argparse.Namespace):
     if args.peer is None:
         return None
     draft = args.peer_draft
-    name, arg = parse_spec(args.drafter)
+    name, arg = parse_spec(drafter)
     if name == "auto" and arg:  # auto:draft-model:NAME -- PLD first, then that model
         name, arg = parse_spec(arg)
     if draft is None and name == "draft-model" and arg:
