@@ -17,9 +17,9 @@ from typing import Any
 from .settings import Settings
 from .settings import get as get_settings
 
-CONTEXT = 32  # short context for the forward timings
+CONTEXT = 200  # cached tokens before the timed forwards
 VERIFY_TOKENS = 16
-SIZES = (1, 4, 8, VERIFY_TOKENS)  # forwards timed: a plain step and verifies of 3, 7, 15 drafts
+SIZES = (1, 2, 4, 8, 12, 16, 24, 32)  # forwards timed: a plain step and verifies of 1..31 drafts
 
 
 def _version(dist: str) -> str | None:
@@ -54,14 +54,15 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
 def forward_times(
     model: Any, repeats: int = 7, context: int = CONTEXT, cache: list[Any] | None = None
 ) -> dict[str, float]:
-    """Warm median milliseconds of 1-, 4-, 8- and 16-token forwards after `context` cached
-    tokens, and the 16-token forward's cost in 1-token forwards. `cache`: an empty prompt cache
-    to time on (a new one if None); it is left holding the `context` prefilled tokens only."""
+    """Warm median milliseconds of forwards of each of SIZES tokens after `context` cached
+    tokens, the 16-token forward's cost in 1-token forwards, and per size the ratio, GFLOP/s
+    and weight GB/s (`per_size`). `cache`: an empty prompt cache to time on (a new one if
+    None); it is left holding the `context` prefilled tokens only."""
     import mlx.core as mx
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
     vocab = model.args.vocab_size if hasattr(model, "args") else 1000
-    tokens = mx.arange(context + VERIFY_TOKENS)[None] % min(vocab, 1000) + 10
+    tokens = mx.arange(context + max(SIZES))[None] % min(vocab, 1000) + 10
     cache = make_prompt_cache(model) if cache is None else cache
     mx.eval(model(tokens[:, :context], cache=cache))
 
@@ -80,9 +81,29 @@ def forward_times(
 
         return run
 
-    ms = {f"forward_{n}_ms": _median_seconds(step(n), repeats) * 1e3 for n in SIZES}
+    from .kernels import roofline
+
+    times = {n: _median_seconds(step(n), repeats) * 1e3 for n in SIZES}
+    ms = {f"forward_{n}_ms": t for n, t in times.items()}
     ratio = ms[f"forward_{VERIFY_TOKENS}_ms"] / ms["forward_1_ms"]
-    return {"context": context, **ms, "verify_cost_ratio": ratio}
+    nbytes, elements = roofline.weight_traffic(model)
+    per_size = roofline.rows(times, nbytes, elements)
+    return {
+        "context": context,
+        **ms,
+        "verify_cost_ratio": ratio,
+        "weight_bytes": nbytes,
+        "per_size": per_size,
+    }
+
+
+def _limits(settings: Settings) -> dict[str, Any]:
+    from .kernels import roofline
+
+    try:
+        return asdict(roofline.measure(settings.cache, threads=os.cpu_count() or 1))
+    except OSError as exc:
+        return {"error": str(exc)}
 
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
@@ -115,6 +136,8 @@ def collect(
         "device": str(mx.default_device()),
         "blas": {**asdict(status), "fast": status.fast},
         "gflops_fp32": gflops(),
+        "kernel_isa": blas.kernel_isa(),
+        "limits": _limits(settings),
         "settings": settings.as_env(),
     }
     if model is not None:
@@ -133,6 +156,16 @@ def format_report(d: dict[str, Any]) -> str:
         f"BLAS          {blas['kind']} {blas['library'] or ''}".rstrip(),
         f"fp32 matmul   {d['gflops_fp32']:.1f} GFLOP/s (1024x1024)",
     ]
+    if d.get("kernel_isa"):
+        lines.append(f"small-M kernel {d['kernel_isa']}")
+    lim = d.get("limits", {})
+    if "error" in lim:
+        lines.append(f"limits        not measured: {lim['error']}")
+    elif lim:
+        lines.append(
+            f"limits        memory {lim['read_gbs']:.1f} GB/s read, {lim['triad_gbs']:.1f} GB/s "
+            f"triad; peak {lim['peak_gflops']:.0f} fp32 GFLOP/s ({lim['threads']} threads)"
+        )
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
     if blas.get("note"):
@@ -141,12 +174,24 @@ def format_report(d: dict[str, Any]) -> str:
         m = d["model"]
         lines += [
             f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
-            f"forward       1 token {m['forward_1_ms']:.1f} ms, "
-            + ", ".join(f"{n} tokens {m[f'forward_{n}_ms']:.1f} ms" for n in SIZES[1:])
-            + f" at context {m['context']}",
+            f"forward       warm medians at context {m['context']}, ratio to 1 token; GFLOP/s of "
+            "the weight matmuls, GB/s of weights read",
             f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
             f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
+            "tokens     ms  ratio  GFLOP/s  weights GB/s",
         ]
+        lines += [
+            f"{r['tokens']:6d} {r['ms']:6.1f} {r['ratio']:6.2f} {r['gflops']:8.1f} "
+            f"{r['weights_gbs']:13.1f}"
+            for r in m["per_size"]
+        ]
+        if lim.get("read_gbs", 0) > 0:
+            stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6
+            lines.append(
+                f"roofline      streaming the weights once takes {stream_ms:.1f} ms at "
+                f"{lim['read_gbs']:.1f} GB/s; a 1-token step is "
+                f"{m['forward_1_ms'] / stream_ms:.2f}x that"
+            )
     lines.append("settings")
     lines += [f"  {k}={v}" for k, v in d["settings"].items()]
     return "\n".join(lines)

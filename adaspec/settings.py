@@ -22,6 +22,7 @@ from .errors import SettingsError
 PREFIX = "ADASPEC_"
 GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
+ISA_CHOICES = ("auto", "avx512", "avx2")
 
 
 def default_cache() -> Path:
@@ -36,6 +37,9 @@ class Settings(BaseModel):
 
     # Which BLAS to load into mlx on Linux: auto | routed | mkl | openblas | off | a path
     blas: str = "auto"
+    # routed BLAS: the small-M kernel's instruction set: auto (AVX-512 where the CPU has it) |
+    # avx512 | avx2
+    kernel_isa: str = "auto"
     cache: Path = Field(default_factory=default_cache)
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
@@ -92,10 +96,12 @@ class Settings(BaseModel):
             "accepted: auto, routed, mkl, openblas, off, or a path to a BLAS shared library"
         )
 
-    @field_validator("gate", "rollback")
+    @field_validator("gate", "rollback", "kernel_isa")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES}[str(info.field_name)]
+        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES, "kernel_isa": ISA_CHOICES}[
+            str(info.field_name)
+        ]
         v = v.strip().lower()
         if v not in choices:
             raise ValueError(f"accepted: {', '.join(choices)}")

@@ -1,50 +1,69 @@
-"""Warm forward time per number of tokens (the cost of a plain step and of verifies), for the
-BLAS chosen by ADASPEC_BLAS; numbers for README "Linux CPU: the BLAS matters".
+"""Forward cost per number of token rows, against this machine's limits: ms per warm forward,
+its ratio to a 1-token step, GFLOP/s of the weight matmuls and GB/s of weights streamed, beside
+the measured memory bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
 
-    for b in routed openblas mkl; do ADASPEC_BLAS=$b python benchmarks/forward_cost.py; done
-    [--model smollm2-135m] [--context 200] [--sizes 1,2,4,8,11,16] [--repeats 9]
+    python benchmarks/forward_cost.py [--model smollm2-135m] [--context 200]
+        [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--json out.json]
+    ADASPEC_BLAS=openblas python benchmarks/forward_cost.py      # another BLAS
+    ADASPEC_KERNEL_ISA=avx2 python benchmarks/forward_cost.py    # the AVX2 kernel on AVX-512
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
-import statistics
-import time
+import json
+import os
+from dataclasses import asdict
+from datetime import date
 
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
-import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from adaspec.kernels import blas
+from adaspec import doctor
+from adaspec.kernels import blas, roofline
+from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--context", type=int, default=200)
-    p.add_argument("--sizes", default="1,2,4,8,11,16")
+    p.add_argument("--context", type=int, default=doctor.CONTEXT)
+    p.add_argument("--sizes", default=",".join(map(str, doctor.SIZES)))
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
+    sizes = tuple(int(s) for s in a.sizes.split(","))
+    if 1 not in sizes:
+        p.error(f"--sizes {a.sizes}: must include 1 (the ratios are to a 1-token step)")
+    doctor.SIZES = sizes
     model, _ = load(a.model)
-    cache = make_prompt_cache(model)
-    mx.eval(model(mx.array([[100 + i % 1000 for i in range(a.context)]]), cache=cache))
-
-    def median_ms(n: int) -> float:
-        times = []
-        for _ in range(a.repeats + 2):  # the first two are warm-up
-            x = mx.array([[7] * n])
-            t = time.perf_counter()
-            mx.eval(model(x, cache=cache))
-            times.append(time.perf_counter() - t)
-            trim_prompt_cache(cache, n)
-        return statistics.median(times[2:]) * 1e3
-
-    sizes = [int(s) for s in a.sizes.split(",")]
-    ms = {n: median_ms(n) for n in sizes}
+    limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
+    times = doctor.forward_times(model, repeats=a.repeats, context=a.context)
     st = blas.status()
+    stream_ms = times["weight_bytes"] / limits.read_gbs / 1e6
+    print(f"{a.model}, context {a.context}, BLAS {st.kind}, kernel {blas.kernel_isa()}")
     print(
-        f"{st.kind:8s} " + " ".join(f"{n}:{v:.1f}" for n, v in ms.items()) + " ms",
-        f"(routed calls kernel/library {blas.routed_calls()})" if blas.routed_calls() else "",
+        f"limits: memory {limits.read_gbs:.1f} GB/s read, {limits.triad_gbs:.1f} GB/s triad; "
+        f"peak {limits.peak_gflops:.0f} GFLOP/s on {limits.threads} threads; weights "
+        f"{times['weight_bytes'] / 1e6:.0f} MB, streamed once in {stream_ms:.1f} ms"
     )
+    print("| tokens | ms | ratio to 1 | GFLOP/s | weights GB/s |\n|---|---|---|---|---|")
+    for r in times["per_size"]:
+        print(
+            f"| {r['tokens']} | {r['ms']:.1f} | {r['ratio']:.2f} | {r['gflops']:.1f} | "
+            f"{r['weights_gbs']:.1f} |"
+        )
+    print(f"1-token step / streaming the weights once: {times['forward_1_ms'] / stream_ms:.2f}x")
+    if a.json:
+        out = {
+            "date": date.today().isoformat(),
+            "model": a.model,
+            "context": a.context,
+            "blas": st.kind,
+            "kernel_isa": blas.kernel_isa(),
+            "limits": asdict(limits),
+            **times,
+        }
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from adaspec.kernels import blas
 
@@ -20,13 +23,28 @@ F32P = ctypes.POINTER(ctypes.c_float)
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
+def router(tmp_path_factory):
     # RTLD_LOCAL: this copy's cblas_sgemm does not take over mlx's
-    lib = ctypes.CDLL(str(blas.build_router(tmp_path_factory.mktemp("cache"))))
-    f = lib.adaspec_small_m_sgemm
+    return ctypes.CDLL(str(blas.build_router(tmp_path_factory.mktemp("cache"))))
+
+
+def isas_here() -> list[str]:
+    """The instruction sets this CPU runs: avx2 always (the test is skipped without it),
+    avx512 where the CPU has AVX-512 F."""
+    flags = blas._cpu_flags().split()
+    return ["avx2"] + (["avx512"] if b"avx512f" in flags else [])
+
+
+@pytest.fixture(scope="module", params=["avx2", "avx512"])
+def kernel(router, request):
+    if request.param not in isas_here():
+        pytest.skip(f"this CPU has no {request.param}")
+    assert router.adaspec_kernel_isa(blas.ISA_CODES[request.param]) == blas.ISA_CODES[request.param]
+    f = router.adaspec_small_m_sgemm
     f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_float, F32P, ctypes.c_int, F32P, ctypes.c_int,
                                        ctypes.c_float, F32P, ctypes.c_int]  # fmt: skip
-    return f
+    yield f
+    router.adaspec_kernel_isa(0)
 
 
 def ptr(a: np.ndarray):
@@ -34,7 +52,7 @@ def ptr(a: np.ndarray):
 
 
 @pytest.mark.parametrize("trans_b", [1, 0])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 12, 13, 24, 32])
 @pytest.mark.parametrize("n,k", [(1, 1), (3, 8), (47, 9), (96, 64), (97, 577), (200, 7)])
 def test_kernel_matches_numpy(kernel, trans_b, m, n, k):
     rng = np.random.default_rng(m * 1000 + n + k)
@@ -52,6 +70,62 @@ def test_kernel_matches_numpy(kernel, trans_b, m, n, k):
         kernel(trans_b, m, n, k, alpha, ptr(a), k + pad, ptr(b), b.shape[1], beta, ptr(c), n + pad)
         np.testing.assert_allclose(c[:, :n], want, rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(c[:, n:], before[:, n:])  # padding untouched
+
+
+def gemm_nt(kernel, a, b, k):
+    """C = A B^T through the kernel, for A (m x >= k) and B (n x >= k) row-major"""
+    c = np.zeros((a.shape[0], b.shape[0]), dtype=np.float32)
+    kernel(1, a.shape[0], b.shape[0], k, 1.0, ptr(a), a.shape[1], ptr(b), b.shape[1], 0.0,
+           ptr(c), c.shape[1])  # fmt: skip
+    return c
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    m=st.integers(1, 32),
+    n=st.integers(1, 300),
+    k=st.integers(1, 700),
+    seed=st.integers(0, 2**16),
+)
+def test_a_rows_result_does_not_depend_on_the_other_rows(kernel, m, n, k, seed):
+    """Bit for bit: row i of an M-row GEMM equals the same row computed alone, and equals it
+    inside any other batch of rows, so a verify's logits equal a 1-token step's."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((n, k), dtype=np.float32)
+    together = gemm_nt(kernel, a, b, k)
+    np.testing.assert_allclose(together, a.astype(np.float64) @ b.T, rtol=1e-4, atol=1e-3)
+    alone = np.concatenate([gemm_nt(kernel, a[i : i + 1], b, k) for i in range(m)])
+    assert np.array_equal(together, alone)
+    odd = a[m // 2 :]  # a different batch holding the same rows
+    assert np.array_equal(gemm_nt(kernel, odd, b, k), together[m // 2 :])
+
+
+def test_the_kernel_knob_chooses_the_instruction_set(router):
+    assert router.adaspec_kernel_isa(blas.ISA_CODES["avx2"]) == blas.ISA_CODES["avx2"]
+    assert router.adaspec_kernel_isa(-1) == blas.ISA_CODES["avx2"]  # -1 asks, changes nothing
+    best = router.adaspec_kernel_isa(0)
+    assert best == blas.ISA_CODES[isas_here()[-1]]
+    if "avx512" not in isas_here():  # refused, and the kernel stays as it was
+        assert router.adaspec_kernel_isa(blas.ISA_CODES["avx512"]) == -1
+        assert router.adaspec_kernel_isa(-1) == best
+    code = """
+import adaspec, warnings
+from adaspec.kernels import blas
+print(blas.kernel_isa())
+"""
+    env = {**os.environ, "ADASPEC_KERNEL_ISA": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["avx2"]
+    env["ADASPEC_KERNEL_ISA"] = "avx512"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    if "avx512" in isas_here():
+        assert out.stdout.split() == ["avx512"]
+    else:  # said, not silently ignored
+        assert out.stdout.split() == ["avx2"]
+        assert "ADASPEC_KERNEL_ISA=avx512: this CPU cannot run it" in out.stderr
 
 
 def test_routed_process_sends_small_gemms_to_the_kernel_and_prefill_to_the_library():

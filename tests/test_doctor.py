@@ -41,8 +41,16 @@ def test_collect_with_a_model(tmp_path, cache):
     m = d["model"]
     assert m["load_s"] > 0 and m["forward_1_ms"] > 0 and m["forward_16_ms"] > 0
     assert m["verify_cost_ratio"] == pytest.approx(m["forward_16_ms"] / m["forward_1_ms"])
+    sizes = [r["tokens"] for r in m["per_size"]]
+    assert sizes == list(doctor.SIZES)
+    for r in m["per_size"]:  # each row: its own time, the ratio to 1 token, weights per second
+        assert r["ms"] == m[f"forward_{r['tokens']}_ms"]
+        assert r["ratio"] == pytest.approx(r["ms"] / m["forward_1_ms"])
+        assert r["weights_gbs"] == pytest.approx(m["weight_bytes"] / r["ms"] / 1e6)
+    lim = d["limits"]
+    assert lim["read_gbs"] > 0 and lim["triad_gbs"] > 0 and lim["peak_gflops"] > 0
     text = doctor.format_report(d)
-    assert "verify cost" in text and "16 tokens" in text
+    assert "verify cost" in text and "roofline" in text and "GB/s" in text
 
 
 class _Recording:
@@ -50,6 +58,7 @@ class _Recording:
 
     def __init__(self, model):
         self.model, self.args, self.fed = model, model.args, []
+        self.parameters = model.parameters
 
     def __call__(self, x, cache=None):
         self.fed.append((x, cache))

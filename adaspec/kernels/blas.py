@@ -6,8 +6,9 @@ at load time, so a library opened earlier with RTLD_GLOBAL wins (MKL measured ~1
 The BLAS libraries pack the weight matrix for every GEMM with more than one row, so verifying
 a few drafted tokens cost 1.5-1.9x a 1-token step (docs/benchmarks.md). The default, `routed`,
 compiles blas_route.c once into the cache and loads it in front of a BLAS library: GEMMs of up
-to KERNEL_ROWS token rows run on its own two-thread kernel, which streams each weight row once
-for all tokens, the rest (prefill) on OpenBLAS or MKL.
+to KERNEL_ROWS token rows run on its own two-thread kernel (AVX2 or AVX-512, small_m.h), which
+streams each weight row once for all tokens and gives every row the same bits whatever the
+number of rows; the rest (prefill) runs on OpenBLAS or MKL.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from pathlib import Path
 ROUTED = "routed"
 FAST_KINDS = (ROUTED, "mkl", "openblas")
 CHOICES = ("auto", *FAST_KINDS, "off")
-KERNEL_ROWS = 12  # routed: fp32 GEMMs with at most this many rows run on blas_route.c's kernel
+KERNEL_ROWS = 32  # routed: fp32 GEMMs with at most this many rows run on blas_route.c's kernel
 ROUTER_SOURCE = Path(__file__).with_name("blas_route.c")
+ROUTER_DEPS = (Path(__file__).with_name("small_m.h"),)
+ROOFLINE_SOURCE = Path(__file__).with_name("roofline.c")
+ISA_CODES = {"auto": 0, "avx2": 1, "avx512": 2}  # blas_route.c's adaspec_kernel_isa
 FIX = (
     "install the 'mkl' or 'scipy-openblas32' wheel (or Debian's libopenblas0-pthread), and "
     "import adaspec before mlx; set ADASPEC_BLAS=off to silence this"
@@ -119,21 +123,24 @@ def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> bytes:
     return next((ln for ln in text.splitlines() if ln.startswith("flags")), "").encode()
 
 
-def build_router(cache: Path, compiler: str | None = None) -> Path:
-    """Compile blas_route.c into `cache`/kernels once. It is built with -march=native, so the
-    key is the source's hash and this CPU's feature flags (a cache shared by other CPUs never
-    hands one a binary built for another)."""
-    key = hashlib.sha256(ROUTER_SOURCE.read_bytes() + _cpu_flags()).hexdigest()[:12]
-    out = cache / "kernels" / f"adaspec_blas_route-{key}.so"
+def build_library(
+    source: Path, cache: Path, compiler: str | None = None, deps: tuple[Path, ...] = ()
+) -> Path:
+    """Compile `source` (and the headers in `deps`) into `cache`/kernels once. It is built
+    with -march=native, so the key is the sources' hash and this CPU's feature flags (a cache
+    shared by other CPUs never hands one a binary built for another)."""
+    text = b"".join(p.read_bytes() for p in (source, *deps))
+    key = hashlib.sha256(text + _cpu_flags()).hexdigest()[:12]
+    out = cache / "kernels" / f"adaspec_{source.stem}-{key}.so"
     if out.exists():
         return out
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        raise OSError("no C compiler found to build the BLAS router (set CC)")
+        raise OSError(f"no C compiler found to build {source.name} (set CC)")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(tmp)]
-    cmd.append(str(ROUTER_SOURCE))
+    cmd.append(str(source))
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -144,13 +151,17 @@ def build_router(cache: Path, compiler: str | None = None) -> Path:
     return out
 
 
+def build_router(cache: Path, compiler: str | None = None) -> Path:
+    return build_library(ROUTER_SOURCE, cache, compiler, ROUTER_DEPS)
+
+
 _router: ctypes.CDLL | None = None
 
 
-def route(library: str, cache: Path, kernel_rows: int = KERNEL_ROWS) -> str:
+def route(library: str, cache: Path, kernel_rows: int = KERNEL_ROWS, isa: str = "auto") -> str:
     """Load `library` privately and the router globally: fp32 GEMMs with up to kernel_rows rows
-    run on the router's kernels, the rest (and every fp64 / complex GEMM) on `library`.
-    Returns the router's path."""
+    run on the router's kernels (instruction set `isa`), the rest (and every fp64 / complex
+    GEMM) on `library`. Returns the router's path."""
     global _router
     router = build_router(cache)
     lib = ctypes.CDLL(library, mode=ctypes.RTLD_LOCAL)
@@ -165,8 +176,27 @@ def route(library: str, cache: Path, kernel_rows: int = KERNEL_ROWS) -> str:
     shim = ctypes.CDLL(str(router), mode=ctypes.RTLD_GLOBAL)
     if not shim.adaspec_blas_route(*args, ctypes.c_int(kernel_rows)):
         shim.adaspec_blas_route(*args, ctypes.c_int(0))  # built without AVX2/FMA: BLAS only
+    elif shim.adaspec_kernel_isa(ISA_CODES[isa]) < 0:
+        best = shim.adaspec_kernel_isa(0)
+        warnings.warn(
+            f"ADASPEC_KERNEL_ISA={isa}: this CPU cannot run it; using "
+            f"{_ISA_NAMES.get(best, best)} (accepted here: auto, avx2"
+            f"{', avx512' if best == ISA_CODES['avx512'] else ''})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     _router = shim
     return str(router)
+
+
+_ISA_NAMES = {code: name for name, code in ISA_CODES.items() if code}
+
+
+def kernel_isa() -> str | None:
+    """The instruction set of the router's kernel (avx2 | avx512), None without one."""
+    if _router is None:
+        return None
+    return _ISA_NAMES.get(_router.adaspec_kernel_isa(-1))
 
 
 def routed_calls() -> tuple[int, int] | None:
@@ -218,6 +248,7 @@ def setup(
     router: Router | None = None,
     cache: Path | None = None,
     already_loaded: Callable[[], str | None] = loaded_fast_blas,
+    isa: str = "auto",
 ) -> BlasStatus:
     """Load the requested BLAS (auto: routed, then MKL, then OpenBLAS); never raises for a
     missing library."""
@@ -239,7 +270,7 @@ def setup(
         from ..settings import default_cache
 
         cache_dir = cache or default_cache()
-        router = lambda path, rows: route(path, cache_dir, rows)  # noqa: E731
+        router = lambda path, rows: route(path, cache_dir, rows, isa)  # noqa: E731
     if requested in FAST_KINDS or requested == "auto":
         order = FAST_KINDS if requested == "auto" else (requested,)
         failures: list[str] = []
@@ -277,9 +308,9 @@ def ensure(requested: str | None = None) -> BlasStatus:
     if _status is None:
         from ..settings import from_env
 
-        env = {k: v for k, v in os.environ.items() if k in ("ADASPEC_BLAS", "ADASPEC_CACHE")}
-        settings = from_env(env)
-        _status = setup(requested or settings.blas, cache=settings.cache)
+        keys = ("ADASPEC_BLAS", "ADASPEC_CACHE", "ADASPEC_KERNEL_ISA")
+        settings = from_env({k: v for k, v in os.environ.items() if k in keys})
+        _status = setup(requested or settings.blas, cache=settings.cache, isa=settings.kernel_isa)
         if _status.warning:
             warnings.warn(_status.warning, RuntimeWarning, stacklevel=3)
     return _status

@@ -1,20 +1,23 @@
 /* cblas_* entry points that send small-M fp32 GEMMs to our own kernel, the rest to a BLAS.
  *
  * mlx's CPU backend computes a Linear layer as cblas_sgemm(RowMajor, NoTrans, Trans, M, N, K,
- * x, W) with M = the number of token rows. Decoding (M = 1) and verifying a draft (M = 2..17)
+ * x, W) with M = the number of token rows. Decoding (M = 1) and verifying a draft (M = 2..32)
  * are both limited by reading W from memory, yet the BLAS libraries here pack W for every GEMM
  * with M > 1, so a 2-token verify cost ~1.5x a 1-token step (docs/benchmarks.md). The kernel
- * below streams each row of W once and multiplies it with all M rows of x while it is in
- * cache, on two threads, so a verify of a few tokens costs about what a 1-token step costs.
+ * (small_m.h, AVX2 or AVX-512 chosen at run time) streams each row of W once and multiplies it
+ * with all M rows of x while it is in cache, on two threads, so a verify of a few tokens costs
+ * about what a 1-token step costs; a row's result is the same for every M.
  *
  * Routing: RowMajor GEMMs with M <= own_rows go to the kernels (A B^T, and A B with a small
  * B, as attention's scores @ V); everything else, and every fp64 / complex GEMM, to the BLAS
  * library. adaspec/kernels/blas.py compiles this file, loads it with RTLD_GLOBAL before mlx,
  * and calls adaspec_blas_route() before any GEMM runs. */
 
+#include <math.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 #define NN_MAX (1L << 20) /* B elements up to which a non-transposed B stays on one thread */
@@ -48,60 +51,90 @@ static inline float dot_tail(const float *a, const float *b, int k, int K) {
 #include <immintrin.h>
 #define HAVE_KERNEL 1
 
-static inline float hsum(__m256 v) {
+static const int lane_ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+
+static inline __m256 load8n(const float *p, int n) { /* the first n floats, then zeros */
+  __m256i ids = _mm256_loadu_si256((const __m256i *)lane_ids);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), ids));
+}
+
+static inline float hsum8(__m256 v) { /* lanes i + i+4, then i + i+2, then i + i+1 */
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
-/* 4 rows of A times 3 rows of B: 12 accumulators, 7 loads per 12 FMAs */
-static void tile_4x3(int K, float al, const float *A, int lda, const float *B, int ldb,
-                     float be, float *C, int ldc) {
-  __m256 acc[4][3];
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 3; j++) acc[i][j] = _mm256_setzero_ps();
-  int k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 w0 = _mm256_loadu_ps(B + k), w1 = _mm256_loadu_ps(B + ldb + k),
-           w2 = _mm256_loadu_ps(B + 2 * (long)ldb + k);
-    for (int i = 0; i < 4; i++) {
-      __m256 x = _mm256_loadu_ps(A + i * (long)lda + k);
-      acc[i][0] = _mm256_fmadd_ps(x, w0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(x, w1, acc[i][1]);
-      acc[i][2] = _mm256_fmadd_ps(x, w2, acc[i][2]);
-    }
-  }
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 3; j++)
-      put(C + i * (long)ldc + j,
-          hsum(acc[i][j]) + dot_tail(A + i * (long)lda, B + j * (long)ldb, k, K), al, be);
-}
+/* ---- 8 lanes: AVX2 + FMA, tiles of 4 x 3 (12 accumulators) ---------------------------- */
 
-/* 1 row of A times 3 rows of B */
-static void tile_1x3(int K, float al, const float *A, const float *B, int ldb, float be,
-                     float *C) {
-  __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0;
-  int k = 0;
-  for (; k + 8 <= K; k += 8) {
-    __m256 x = _mm256_loadu_ps(A + k);
-    c0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + k), c0);
-    c1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + ldb + k), c1);
-    c2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(B + 2 * (long)ldb + k), c2);
-  }
-  put(C, hsum(c0) + dot_tail(A, B, k, K), al, be);
-  put(C + 1, hsum(c1) + dot_tail(A, B + ldb, k, K), al, be);
-  put(C + 2, hsum(c2) + dot_tail(A, B + 2 * (long)ldb, k, K), al, be);
-}
+#define W 8
+#define MR 4
+#define NR 3
+#define VEC __m256
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VLOADN(p, n) load8n(p, n)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum8(v)
+#define FN(name) name##_avx2
+#include "small_m.h"
+#undef W
+#undef MR
+#undef NR
+#undef VEC
+#undef VZERO
+#undef VLOAD
+#undef VLOADN
+#undef VFMA
+#undef VHSUM
+#undef FN
 
-static void tile_1x1(int K, float al, const float *A, const float *B, float be, float *C) {
-  __m256 c0 = _mm256_setzero_ps();
-  int k = 0;
-  for (; k + 8 <= K; k += 8)
-    c0 = _mm256_fmadd_ps(_mm256_loadu_ps(A + k), _mm256_loadu_ps(B + k), c0);
-  put(C, hsum(c0) + dot_tail(A, B, k, K), al, be);
-}
+/* ---- 16 lanes: AVX-512 F, tiles of 4 x 4 (21 of the 32 registers) --------------------- */
 
-/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#define HAVE_AVX512 1
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+#define HAVE_AVX512 1
+#endif
+
+#ifdef HAVE_AVX512
+static inline float hsum16(__m512 v) { /* lanes i + i+8, then as hsum8 */
+  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+#define W 16
+#define MR 4
+#define NR 4
+#define VEC __m512
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum16(v)
+#define FN(name) name##_avx512
+#include "small_m.h"
+#undef W
+#undef MR
+#undef NR
+#undef VEC
+#undef VZERO
+#undef VLOAD
+#undef VLOADN
+#undef VFMA
+#undef VHSUM
+#undef FN
+#endif
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+
+/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n, k in
+ * order, so a row's result does not depend on M either */
 static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
                     int ldb, float be, float *C, int ldc) {
   for (int m = 0; m < M; m++) {
@@ -122,38 +155,41 @@ static void rows_nn(int M, int N, int K, float al, const float *A, int lda, cons
     }
     for (int n = n0; n < N; n++) {
       float s = 0.f;
-      for (int k = 0; k < K; k++) s += a[k] * B[(long)k * ldb + n];
+      for (int k = 0; k < K; k++) s = fmaf(a[k], B[(long)k * ldb + n], s);
       put(c + n, s, al, be);
     }
   }
 }
 
-#define BLOCK_N 48 /* rows of B per block: 48 x K floats stay in L2 while every row of A passes */
+typedef void (*part_fn)(int, int, int, float, const float *, int, const float *, int, float,
+                        float *, int);
+enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+static part_fn kernel_part = part_avx2;
+static int isa = ISA_AVX2;
 
-/* one thread's share: all M rows of A against rows [0, N) of B */
-static void kernel_part(int M, int N, int K, float al, const float *A, int lda, const float *B,
-                        int ldb, float be, float *C, int ldc) {
-  for (int n0 = 0; n0 < N; n0 += BLOCK_N) {
-    int n1 = n0 + BLOCK_N < N ? n0 + BLOCK_N : N;
-    for (int m = 0; m < M; m++) {
-      const float *a = A + (long)m * lda;
-      float *c = C + (long)m * ldc;
-      int n = n0;
-      if (m + 4 <= M) {
-        for (; n + 3 <= n1; n += 3) tile_4x3(K, al, a, lda, B + (long)n * ldb, ldb, be, c + n, ldc);
-        for (; n < n1; n++)
-          for (int i = 0; i < 4; i++)
-            tile_1x1(K, al, a + i * (long)lda, B + (long)n * ldb, be, c + i * (long)ldc + n);
-        m += 3;
-        continue;
-      }
-      for (; n + 3 <= n1; n += 3) tile_1x3(K, al, a, B + (long)n * ldb, ldb, be, c + n);
-      for (; n < n1; n++) tile_1x1(K, al, a, B + (long)n * ldb, be, c + n);
-    }
-  }
+/* the kernel for an instruction set: 0 = the best this CPU has, 1 = AVX2, 2 = AVX-512, -1 =
+ * keep the current one. Returns the one in use, or -1 when this CPU cannot run the one asked
+ * for (the kernel is then unchanged). */
+int adaspec_kernel_isa(int want) {
+  if (want == -1) return isa;
+  int has512 = 0;
+#ifdef HAVE_AVX512
+  __builtin_cpu_init();
+  has512 = __builtin_cpu_supports("avx512f");
+#endif
+  if (want == ISA_NONE) want = has512 ? ISA_AVX512 : ISA_AVX2;
+  if (want != ISA_AVX2 && !(want == ISA_AVX512 && has512)) return -1;
+#ifdef HAVE_AVX512
+  kernel_part = want == ISA_AVX512 ? part_avx512 : part_avx2;
+#endif
+  isa = want;
+  return isa;
 }
 #else
 #define HAVE_KERNEL 0
+enum { ISA_NONE = 0 };
+static int isa = ISA_NONE;
+int adaspec_kernel_isa(int want) { return want <= ISA_NONE ? ISA_NONE : -1; }
 static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
                     int ldb, float be, float *C, int ldc) {
   for (int m = 0; m < M; m++)
@@ -190,6 +226,9 @@ static atomic_int busy;
 static int worker_started;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
+#ifndef SPLIT_MIN
+#define SPLIT_MIN (1L << 15) /* B elements below which a GEMM stays on one thread */
+#endif
 #define SPINS 200000 /* ~ms of polling after a job before the worker sleeps */
 
 static inline void relax(void) {
@@ -198,7 +237,7 @@ static inline void relax(void) {
 #endif
 }
 
-static int split(int N) { return (N / 2) - (N / 2) % 3; }
+static int split(int N) { return (N / 2) - (N / 2) % 6; } /* whole tiles of 1, 2, 3 or 6 */
 
 static unsigned start_seen; /* jobs posted before the worker was created */
 
@@ -238,8 +277,9 @@ static void after_fork_in_child(void) {
 
 static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
                    int ldb, float be, float *C, int ldc) {
-  /* small N, or another thread is already using the worker: stay on this thread */
-  if (N < 96 || atomic_exchange(&busy, 1)) {
+  /* little work (attention's scores at a short context), or another thread is already
+   * using the worker: stay on this thread */
+  if ((long)N * K < SPLIT_MIN || N < 12 || atomic_exchange(&busy, 1)) {
     kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
     return;
   }

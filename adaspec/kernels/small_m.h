@@ -1,0 +1,88 @@
+/* The small-M GEMM kernel, C = alpha A B^T + beta C, written once over vectors of W floats
+ * and included by blas_route.c once per instruction set (the V* macros and FN name it).
+ *
+ * Every C[m][n] is one function of A[m][:], B[n][:] and K alone: lane l of a W-wide
+ * accumulator adds A[m][k] B[n][k] for k = l (mod W) in increasing k, by fused multiply-adds
+ * from zero (K's tail through a zero-filled load), and the W lanes are then added by one fixed
+ * tree (VHSUM). Tiles, K blocks, the number of rows M and the split between threads change
+ * which sums run side by side, never the order within one, so a token row's result does not
+ * depend on how many rows share the GEMM: a verify's logits equal a 1-token step's bit for
+ * bit.
+ *
+ * NR rows of B at a time are read from memory once and multiplied with every group of MR rows
+ * of A while they sit in L1; the next NR rows are prefetched meanwhile, so streaming the
+ * weights overlaps the arithmetic. (Blocking K as well was measured slower here: it breaks
+ * the weights' sequential stream for M = 1 and gained nothing for larger M.) */
+
+typedef struct {
+  const float *at; /* 0: nothing to prefetch */
+  int rows, len;   /* rows of B (ldb apart), floats per row from `at` */
+} FN(ahead_t);
+
+/* rows [0, mr) of A against rows [0, nr) of B */
+static inline __attribute__((always_inline)) void FN(tile)(int mr, int nr, int K,
+                                                           const float *A, long lda,
+                                                           const float *B, long ldb, float al,
+                                                           float be, float *C, long ldc,
+                                                           FN(ahead_t) pf) {
+  VEC acc[MR][NR];
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) acc[i][j] = VZERO();
+  /* lines of the next tile to ask for per W floats, walked row by row without a division */
+  int left = pf.at ? pf.rows * ((pf.len + 15) / 16) : 0;
+  int steps = (K + W - 1) / W, per = (left + steps - 1) / (steps ? steps : 1), col = 0;
+  const float *row = pf.at;
+  int k = 0;
+  for (; k + W <= K; k += W) {
+    for (int l = 0; l < per && left > 0; l++, left--) {
+      __builtin_prefetch(row + col, 0, 3);
+      if ((col += 16) >= pf.len) col = 0, row += ldb;
+    }
+    VEC b[NR];
+    for (int j = 0; j < nr; j++) b[j] = VLOAD(B + j * ldb + k);
+    for (int i = 0; i < mr; i++) {
+      VEC a = VLOAD(A + i * lda + k);
+      for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j], acc[i][j]);
+    }
+  }
+  if (k < K) { /* K's tail: the missing lanes load as zero */
+    VEC b[NR];
+    for (int j = 0; j < nr; j++) b[j] = VLOADN(B + j * ldb + k, K - k);
+    for (int i = 0; i < mr; i++) {
+      VEC a = VLOADN(A + i * lda + k, K - k);
+      for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < mr; i++)
+    for (int j = 0; j < nr; j++) put(C + i * ldc + j, VHSUM(acc[i][j]), al, be);
+}
+
+/* the tile with its shape as constants, so the accumulators stay in registers */
+#define TILE_CASE(r, c)                                                                    \
+  case (r) * 8 + (c):                                                                      \
+    if ((r) <= MR && (c) <= NR)                                                            \
+      FN(tile)(r, c, K, A, lda, B, ldb, al, be, C, ldc, pf);                               \
+    break;
+#define TILE_ROW(r) TILE_CASE(r, 1) TILE_CASE(r, 2) TILE_CASE(r, 3) TILE_CASE(r, 4)
+
+static void FN(tile_any)(int mr, int nr, int K, const float *A, long lda, const float *B,
+                         long ldb, float al, float be, float *C, long ldc, FN(ahead_t) pf) {
+  switch (mr * 8 + nr) { TILE_ROW(1) TILE_ROW(2) TILE_ROW(3) TILE_ROW(4) }
+}
+#undef TILE_ROW
+#undef TILE_CASE
+
+/* one thread's share: all M rows of A against rows [0, N) of B */
+static void FN(part)(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                     int ldb, float be, float *C, int ldc) {
+  for (int n = 0; n < N; n += NR) {
+    int nr = N - n < NR ? N - n : NR;
+    FN(ahead_t) next = {0, 0, 0}; /* the next NR rows of B */
+    if (n + NR < N) next = (FN(ahead_t)){B + (long)(n + NR) * ldb, N - n - NR < NR ? N - n - NR : NR, K};
+    for (int m = 0; m < M; m += MR) {
+      FN(tile_any)(M - m < MR ? M - m : MR, nr, K, A + (long)m * lda, lda, B + (long)n * ldb,
+                   ldb, al, be, C + (long)m * ldc + n, ldc, next);
+      next.at = 0; /* the first row group asks for it; the others compute meanwhile */
+    }
+  }
+}
