@@ -148,3 +148,25 @@ for m in (1, 5, blas.KERNEL_ROWS, blas.KERNEL_ROWS + 1, 64):
     small, big = blas.KERNEL_ROWS, blas.KERNEL_ROWS + 1
     assert [lines[str(m)] for m in (1, 5, small)] == ["1 0"] * 3
     assert [lines[str(m)] for m in (big, 64)] == ["0 1"] * 2
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_a_verify_gives_the_logits_of_one_token_steps_bit_for_bit(arch):
+    """Through a whole model on the routed BLAS: the logits of M tokens verified in one forward
+    equal those of M 1-token steps exactly, for every M the kernel takes."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+    from tiny import tiny_model
+
+    if blas.status() is None or blas.status().kind != "routed":
+        pytest.skip("the routed BLAS is not loaded in this process")
+    model = tiny_model(arch)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[(7 * i) % 200 + 3 for i in range(40)]]), cache=cache))
+    drafts = [(13 * i) % 250 + 1 for i in range(blas.KERNEL_ROWS)]
+    steps = [np.array(model(mx.array([[t]]), cache=cache)[0, -1]) for t in drafts]
+    trim_prompt_cache(cache, len(drafts))
+    for m in (2, 5, 8, 16, blas.KERNEL_ROWS):
+        verify = np.array(model(mx.array([drafts[:m]]), cache=cache)[0])
+        trim_prompt_cache(cache, m)
+        assert all(np.array_equal(verify[i], steps[i]) for i in range(m)), m
