@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
+from dataclasses import fields, replace
+from pathlib import Path
 
 from ..train.recipe import Hyper, Recipe, tiny_recipe
 from .common import DEFAULT_MODEL, load_model
@@ -17,7 +18,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "train-dflash",
         help="train a DFlash drafter for a target (resumable)",
-        description="Corpus -> prompts -> the target's own responses -> tap features -> "
+        description="Corpus -> prompts -> the target's own responses (kept as token ids in "
+        "--data) -> one target forward per sequence (tap features and the target's labels) -> "
         "drafter (z-lab format) with a model card. Re-run the same command to resume.",
     )
     p.add_argument(
@@ -28,6 +30,12 @@ def add_parser(sub) -> None:
         "--corpus", default="../shared/corpus", help="folder with news.txt and code_modules.txt"
     )
     p.add_argument("--tiny", action="store_true", help="a minutes-long end-to-end run (CI)")
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print what a run would train on (prompts, stored answers, labelled positions) "
+        "and exit, without generating or training",
+    )
     for name, f in {**_RECIPE, **_HYPER}.items():
         kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
         if name == "mask_token_id":
@@ -48,16 +56,30 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
         base = tiny_recipe(base)
     over = {k: getattr(args, k) for k in _RECIPE if getattr(args, k) is not None}
     hover = {k: getattr(args, k) for k in _HYPER if getattr(args, k) is not None}
-    from dataclasses import replace
-
     return replace(base, **over, hyper=replace(base.hyper, **hover))
 
 
+def default_data(target: str) -> Path:
+    """The repo's response store for `target` (data/dflash/<name>, next to the adaspec package
+    in a checkout), else data/dflash/<name> under the working directory."""
+    name = Path(target.rstrip("/")).name.lower()
+    root = Path(__file__).resolve().parents[2]
+    base = root if (root / "pyproject.toml").is_file() else Path.cwd()
+    return base / "data" / "dflash" / name
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..train.pipeline import train_dflash
+    from ..train.pipeline import plan, train_dflash
 
     recipe = recipe_from_args(args)
+    if recipe.data is None:
+        # --tiny answers keep to the output folder; real ones go to the repo's store
+        data = Path(args.out) / "work" / "responses" if args.tiny else default_data(args.target)
+        recipe = replace(recipe, data=str(data))
     model, tokenizer = load_model(args.target)
+    if args.plan:
+        print(json.dumps(plan(model, tokenizer, recipe, str(recipe.data)), indent=1))
+        return 0
     m = train_dflash(model, tokenizer, args.out, recipe, target_name=args.target)
     last = m["evals"][-1] if m["evals"] else {}
     print(

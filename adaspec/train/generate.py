@@ -1,6 +1,6 @@
-"""Batched greedy decoding of many prompts by the target: left-padded rows share one KV cache,
-the prompts are prefilled in large chunks, and each decoding step is one GEMM of `rows` tokens
-(the small-M kernel's size), so a step costs about what a single token does."""
+"""Batched greedy decoding of many prompts by the target: each prompt is prefilled alone in
+large chunks, the caches are merged into one left-padded batch, and each decoding step is one
+GEMM of `rows` tokens (the small-M kernel's size), so a step costs about what one token does."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import numpy as np
 from tqdm import tqdm
 
 from ..kernels.blas import KERNEL_ROWS
-from ..targets.adapter import inner_model, layer_list
+from ..targets.adapter import inner_model
 from .store import Answer, ResponseStore
 
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 32
-PREFILL_TOKENS = 4096  # tokens per prefill forward (rows x columns)
+PREFILL_CHUNK = 2048  # prompt tokens per prefill forward
 
 
 def default_rows() -> int:
@@ -27,15 +27,23 @@ def default_rows() -> int:
     return max(1, min(MAX_ROWS, KERNEL_ROWS))
 
 
-def _prefill(model: Any, cache: list, x: np.ndarray, prefill_tokens: int) -> mx.array:
-    """Fill the cache with all but the last column through the decoder alone (no output
-    projection), then run the last column through the whole model: (rows, V) logits."""
+def _prefill(model: Any, prompts: Sequence[Sequence[int]], chunk: int) -> tuple[list, mx.array]:
+    """Each prompt but its last token through the decoder alone (its own cache, `chunk` tokens
+    per forward, no padding and no output projection); the caches merged into one left-padded
+    batch cache; then the last tokens through the whole model: (cache, (rows, V) logits)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
     inner = inner_model(model)
-    step = max(1, prefill_tokens // len(x))
-    for s in range(0, x.shape[1] - 1, step):
-        inner(mx.array(x[:, s : min(s + step, x.shape[1] - 1)]), cache=cache)
-        mx.eval([c.state for c in cache])
-    return model(mx.array(x[:, -1:]), cache=cache)[:, -1]
+    per_prompt = []
+    for p in prompts:
+        cache = make_prompt_cache(model)
+        for s in range(0, len(p) - 1, chunk):
+            inner(mx.array(p[s : min(s + chunk, len(p) - 1)])[None], cache=cache)
+            mx.eval([c.state for c in cache if not c.empty()])
+        per_prompt.append(cache)
+    merged = [type(layer[0]).merge(list(layer)) for layer in zip(*per_prompt)]
+    last = mx.array([[p[-1]] for p in prompts])
+    return merged, model(last, cache=merged)[:, -1]
 
 
 def greedy_batch(
@@ -43,19 +51,12 @@ def greedy_batch(
     prompts: Sequence[Sequence[int]],
     max_new: int,
     eos: set[int],
-    prefill_tokens: int = PREFILL_TOKENS,
+    prefill_chunk: int = PREFILL_CHUNK,
 ) -> list[list[int]]:
     """The greedy continuation of every prompt, up to max_new tokens or the first EOS (kept),
     decoded together; finished rows leave the batch once a quarter of it has finished."""
-    from mlx_lm.models.cache import BatchKVCache
-
-    width = max(len(p) for p in prompts)
-    pad = [width - len(p) for p in prompts]
-    x = np.zeros((len(prompts), width), np.int32)
-    for i, p in enumerate(prompts):
-        x[i, pad[i] :] = p
-    cache = [BatchKVCache(pad) for _ in layer_list(model)]
-    tok = mx.argmax(_prefill(model, cache, x, prefill_tokens), axis=-1)
+    cache, logits = _prefill(model, prompts, prefill_chunk)
+    tok = mx.argmax(logits, axis=-1)
     out: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # the prompt index of each cache row
     for _ in range(max_new):

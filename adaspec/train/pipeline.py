@@ -143,6 +143,31 @@ def data_summary(seqs: Sequence[TrainSeq]) -> dict:
         "answered_train_sequences": sum(s.has_response for s in train),
         "train_prompt_tokens": int(sum(s.prompt_len for s in train)),
         "train_response_tokens": int(sum(len(s.tokens) - s.prompt_len for s in train)),
+        # every position after the first has a first-draft-position label
+        "train_first_labels": int(sum(len(s.tokens) - 1 for s in train)),
+    }
+
+
+def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
+    """What a run of `recipe` would train on, read from the corpus and the store in `data`,
+    without generating, computing features or training."""
+    prompts = build_prompts(
+        Path(recipe.corpus),
+        n_news=recipe.n_news,
+        n_code=recipe.n_code,
+        seed=recipe.hyper.seed,
+        heldout=recipe.heldout,
+    )
+    store = ResponseStore(data, fingerprint(target_info(model, tokenizer), tokenizer))
+    answers = store.load()
+    ids = [prompt_ids(tokenizer, list(p.messages))[-recipe.max_prompt :] for p in prompts]
+    order = respond_order(prompts)[: recipe.respond]
+    return {
+        "store": str(store.folder),
+        "prompts": len(prompts),
+        "stored_answers": len(answers),
+        "to_answer": sum(p.key not in answers for p in order),
+        **data_summary(sequences(prompts, ids, answers)),
     }
 
 

@@ -277,12 +277,13 @@ class Trainer:
                 losses.append(float(block_objective(logits[n:], b["labels"][n:], weight)))
                 acc.append(accepted_lengths(pred[n:], labels[n:], np.array(b["valid"])[n:]))
         lengths = np.concatenate(acc) if acc else np.zeros(0)
-        per_pos = [float((lengths >= k).mean()) for k in range(1, self.model.cfg.block_size)]
+        depths = range(1, self.model.cfg.block_size) if len(lengths) else ()
+        per_pos = [float((lengths >= k).mean()) for k in depths]
         hits = np.concatenate(text) if text else np.zeros(0)
         return {
             "loss": float(np.mean(losses)) if losses else float("nan"),
             "tau": float(1 + lengths.mean()) if len(lengths) else float("nan"),
-            "acceptance_by_position": per_pos if len(lengths) else [],
+            "acceptance_by_position": per_pos,
             "blocks": int(len(lengths)),
             "text_accept1": float(hits.mean()) if len(hits) else float("nan"),
             "text_blocks": int(len(hits)),

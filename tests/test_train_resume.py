@@ -1,0 +1,71 @@
+"""The DFlash pipeline on a tiny random target with a response store: prompts without an answer
+train as text, a run on a fresh output folder trains from the stored token ids without
+generating again, and asking for more answers generates only the new ones."""
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from tiny import byte_tokenizer, tiny_model
+
+from adaspec.train import pipeline
+from adaspec.train.pipeline import respond_order, train_dflash
+from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = "the river city council said on monday that water levels rose again".split()
+    lines = [" ".join(rng.choice(words, size=60)) + "." for _ in range(12)]
+    (d / "news.txt").write_text("\n".join(lines) + "\n")
+    (d / "code_modules.txt").write_text("colorsys\nbisect\n")
+    return d
+
+
+class Stop(Exception):
+    pass
+
+
+def test_a_fresh_run_trains_from_the_stored_responses_without_generating(
+    tmp_path, corpus, monkeypatch
+):
+    target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
+    data = tmp_path / "data"
+    recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))
+    recipe = replace(recipe, respond=4, data=str(data))
+    first = train_dflash(target, tok, tmp_path / "a", recipe, progress=False)
+    d = first["data"]
+    index = json.loads((data / "index.json").read_text())
+    assert d["prompts"] == 10 and index["sequences"] == 4
+    # the 6 prompts without an answer train as text: every position has a first label
+    assert d["answered_train_sequences"] < d["train_sequences"]
+    depth = d["labels_by_depth"]
+    positions = d["train_prompt_tokens"] + d["train_response_tokens"] - d["train_sequences"]
+    assert depth[0] == positions and 0 < depth[-1] < depth[1] < depth[0]
+    assert np.isfinite(first["evals"][-1]["text_accept1"])
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generation ran although the store holds every answer")
+
+    monkeypatch.setattr(pipeline, "answer_prompts", no_generation)
+    soft = replace(recipe, hyper=replace(recipe.hyper, soft=0.5, vocab="data"))
+    second = train_dflash(target, tok, tmp_path / "b", soft, progress=False)
+    assert second["data"] == first["data"]
+    losses = [v for _, v in second["loss"]]
+    assert np.all(np.isfinite(losses)) and np.mean(losses[-3:]) < np.mean(losses[:3])
+
+    # asking for two more answers generates exactly the next two prompts in answer order
+    asked = []
+
+    def record(model, eos, todo, store, **kwargs):
+        asked.extend(p for p, _ in todo)
+        raise Stop
+
+    monkeypatch.setattr(pipeline, "answer_prompts", record)
+    with pytest.raises(Stop):
+        train_dflash(target, tok, tmp_path / "c", replace(recipe, respond=6), progress=False)
+    prompts = pipeline._prompts(tmp_path / "c" / "work", recipe)
+    assert [p.id for p in asked] == [p.id for p in respond_order(prompts)[4:6]]
