@@ -1,6 +1,6 @@
 """The DFlash pipeline on a tiny random target with a response store: prompts without an answer
-train as text, a run on a fresh output folder trains from the stored token ids without
-generating again, and asking for more answers generates only the new ones."""
+train as text, the generation stage alone fills the store, runs (also on a fresh output folder)
+train from the stored token ids without generating again, and more answers are only the new."""
 
 import json
 from dataclasses import replace
@@ -10,7 +10,7 @@ import pytest
 from tiny import byte_tokenizer, tiny_model
 
 from adaspec.train import pipeline
-from adaspec.train.pipeline import respond_order, train_dflash
+from adaspec.train.pipeline import grow, plan, respond_order, train_dflash
 from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
 
 
@@ -36,6 +36,15 @@ def test_a_fresh_run_trains_from_the_stored_responses_without_generating(
     data = tmp_path / "data"
     recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))
     recipe = replace(recipe, respond=4, data=str(data))
+    before = plan(target, tok, recipe, data)
+    assert before["stored_answers"] == 0 and before["to_answer"] == 4
+    assert grow(target, tok, recipe, data, progress=False)["sequences"] == 4
+    assert plan(target, tok, recipe, data)["to_answer"] == 0
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("generation ran although the store holds every answer")
+
+    monkeypatch.setattr(pipeline, "answer_prompts", no_generation)
     first = train_dflash(target, tok, tmp_path / "a", recipe, progress=False)
     d = first["data"]
     index = json.loads((data / "index.json").read_text())
@@ -46,11 +55,9 @@ def test_a_fresh_run_trains_from_the_stored_responses_without_generating(
     positions = d["train_prompt_tokens"] + d["train_response_tokens"] - d["train_sequences"]
     assert depth[0] == positions and 0 < depth[-1] < depth[1] < depth[0]
     assert np.isfinite(first["evals"][-1]["text_accept1"])
+    assert d["train_first_labels"] == before["train_first_labels"] + d["train_response_tokens"]
 
-    def no_generation(*args, **kwargs):
-        raise AssertionError("generation ran although the store holds every answer")
-
-    monkeypatch.setattr(pipeline, "answer_prompts", no_generation)
+    # a fresh output folder (no features, no state) trains from the same stored answers
     soft = replace(recipe, hyper=replace(recipe.hyper, soft=0.5, vocab="data"))
     second = train_dflash(target, tok, tmp_path / "b", soft, progress=False)
     assert second["data"] == first["data"]

@@ -36,6 +36,11 @@ def add_parser(sub) -> None:
         help="print what a run would train on (prompts, stored answers, labelled positions) "
         "and exit, without generating or training",
     )
+    p.add_argument(
+        "--generate-only",
+        action="store_true",
+        help="answer the prompts the store lacks (up to --respond), then exit: grows the data",
+    )
     for name, f in {**_RECIPE, **_HYPER}.items():
         kind = {"int": int, "float": float, "str": str}.get(str(f.type).split(" ")[0], None)
         if name == "mask_token_id":
@@ -69,7 +74,7 @@ def default_data(target: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..train.pipeline import plan, train_dflash
+    from ..train.pipeline import grow, plan, train_dflash
 
     recipe = recipe_from_args(args)
     if recipe.data is None:
@@ -79,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.target)
     if args.plan:
         print(json.dumps(plan(model, tokenizer, recipe, str(recipe.data)), indent=1))
+        return 0
+    if args.generate_only:
+        index = grow(model, tokenizer, recipe, str(recipe.data))
+        print(json.dumps({k: v for k, v in index.items() if k != "shards"}, indent=1))
         return 0
     m = train_dflash(model, tokenizer, args.out, recipe, target_name=args.target)
     last = m["evals"][-1] if m["evals"] else {}

@@ -39,14 +39,18 @@ from .trainer import Trainer
 log = logging.getLogger(__name__)
 
 
-def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
-    built = build_prompts(
+def _build(recipe: Recipe) -> list[PromptRecord]:
+    return build_prompts(
         Path(recipe.corpus),
         n_news=recipe.n_news,
         n_code=recipe.n_code,
         seed=recipe.hyper.seed,
         heldout=recipe.heldout,
     )
+
+
+def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
+    built = _build(recipe)
     path = work / "prompts.jsonl"
     if path.is_file():
         # growing --n-news/--n-code keeps the earlier prompts (and their responses)
@@ -151,13 +155,7 @@ def data_summary(seqs: Sequence[TrainSeq]) -> dict:
 def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
     """What a run of `recipe` would train on, read from the corpus and the store in `data`,
     without generating, computing features or training."""
-    prompts = build_prompts(
-        Path(recipe.corpus),
-        n_news=recipe.n_news,
-        n_code=recipe.n_code,
-        seed=recipe.hyper.seed,
-        heldout=recipe.heldout,
-    )
+    prompts = _build(recipe)
     store = ResponseStore(data, fingerprint(target_info(model, tokenizer), tokenizer))
     answers = store.load()
     ids = [prompt_ids(tokenizer, list(p.messages))[-recipe.max_prompt :] for p in prompts]
@@ -169,6 +167,16 @@ def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
         "to_answer": sum(p.key not in answers for p in order),
         **data_summary(sequences(prompts, ids, answers)),
     }
+
+
+def grow(
+    model: Any, tokenizer: Any, recipe: Recipe, data: str | Path, progress: bool = True
+) -> dict:
+    """Answer the prompts `recipe` asks for that the store in `data` lacks (the generation stage
+    alone); returns the store's index."""
+    store = ResponseStore(data, fingerprint(target_info(model, tokenizer), tokenizer))
+    make_data(model, tokenizer, _build(recipe), store, recipe, progress=progress)
+    return store.write_index() if store.shards() else {"sequences": 0}
 
 
 def _drafter(model: Any, cfg: Any, info: TargetInfo, recipe: Recipe) -> DFlashModel:
