@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from adaspec.drafters.base import Draft, DraftContext
+from adaspec.errors import DrafterError
+from adaspec.policy.controller import Decoder, decode
 
 
 class ListDrafter:
@@ -31,7 +33,9 @@ class ListDrafter:
 
 class ScriptedDrafter(ListDrafter):
     """Follows a program of (mode, length, seed) per step; `reference` is the AR continuation
-    of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place."""
+    of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place.
+    "overlong" drafts are right as far as `reference` goes but 1 + length tokens longer than
+    ctx.max_draft; `overlong` records the first: (its length, ctx.max_draft, tokens committed)."""
 
     cheap_draft = True  # the controller may peek while floored
 
@@ -44,16 +48,19 @@ class ScriptedDrafter(ListDrafter):
             vocab,
         )
         self.step = 0
+        self.overlong: tuple[int, int, int] | None = None
 
     def draft(self, ctx: DraftContext) -> Draft:
         mode, k, seed = self.program[self.step % len(self.program)]
         self.step += 1
         assert list(ctx.tokens) == self.tokens, "drafter view diverged from the controller's"
         rng = np.random.default_rng(seed)
-        k = min(k, ctx.max_draft)
+        k = ctx.max_draft + 1 + k if mode == "overlong" else min(k, ctx.max_draft)
         done = len(self.tokens) - self.n_prompt
         truth = list(self.reference[done : done + k])
         truth += list(rng.integers(0, self.vocab, k - len(truth)))
+        if mode == "overlong" and self.overlong is None:
+            self.overlong = (k, ctx.max_draft, len(self.tokens))
         if mode == "oracle" or mode == "overlong":
             return Draft(tuple(truth), strong=True)  # may lift a floor (cheap_draft)
         if mode == "random":
@@ -87,3 +94,33 @@ class StochasticDrafter(ListDrafter):
         k = min(len(self.q), ctx.max_draft)
         toks = tuple(int(ctx.rng.choice(self.q.shape[1], p=self.q[i])) for i in range(k))
         return Draft(toks, self.q[:k])
+
+
+def decode_until_refused(dec: Decoder, prompt, limit: int | None = None):
+    """(tokens received from decode(dec, prompt), at most `limit`; the DrafterError that ended
+    the generation early, or None)."""
+    out: list[int] = []
+    events = decode(dec, prompt)
+    try:
+        for ev in events:
+            out.append(ev.token)
+            if len(out) == limit:
+                break
+    except DrafterError as exc:
+        return out, exc
+    finally:
+        events.close()
+    return out, None
+
+
+def check_refusal(drafter: ScriptedDrafter, out: list[int], err: DrafterError | None) -> bool:
+    """Whether an over-long draft ended the generation; if so, it was refused by name before
+    any of it was verified or emitted. Any other refusal fails."""
+    if drafter.overlong is None:
+        assert err is None, f"a legal draft was refused: {err}"
+        return False
+    n, cap, committed = drafter.overlong
+    assert err is not None, f"an over-long draft ({n} tokens, {cap} allowed) was not refused"
+    assert f"drafter 'scripted' proposed {n} tokens; at most {cap} allowed" in str(err)
+    assert committed == drafter.n_prompt + len(out)  # nothing after the over-long draft
+    return True

@@ -1,7 +1,7 @@
 """Tier 2: greedy speculative output == mlx-lm greedy AR for any draft, on tiny real models."""
 
 import pytest
-from drafters_for_tests import ScriptedDrafter
+from drafters_for_tests import ScriptedDrafter, check_refusal, decode_until_refused
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import prompts, step_program
@@ -30,10 +30,12 @@ def run(model, drafter, prompt, max_tokens, eos=frozenset()):
 @settings(max_examples=25)
 @given(prompt=prompts(VOCAB), max_tokens=st.integers(1, 24), program=step_program)
 def test_greedy_output_equals_ar_for_any_draft(tiny, prompt, max_tokens, program):
+    """Any legal draft: AR's tokens. An over-long one: AR's tokens up to it, then refused."""
     ref = ar_greedy(tiny, prompt, max_tokens)
     drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
-    out, dec = run(tiny, drafter, prompt, max_tokens)
-    assert out == ref
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=max_tokens))
+    out, err = decode_until_refused(dec, prompt)
+    assert out == (ref[: len(out)] if check_refusal(drafter, out, err) else ref)
     # invariants after the run: the cache holds all but the newest token; views agree
     assert dec.target.offset == len(prompt) + len(out) - 1
     assert drafter.tokens == prompt + out == dec.committed
@@ -57,8 +59,9 @@ def test_eos_ends_generation_where_ar_would(tiny, prompt, program, cut):
     eos = ref[cut - 1]
     expected = ref[: ref.index(eos) + 1]
     drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
-    out, dec = run(tiny, drafter, prompt, 20, frozenset({eos}))
-    assert out == expected
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=20, eos_ids=frozenset({eos})))
+    out, err = decode_until_refused(dec, prompt)
+    assert out == (expected[: len(out)] if check_refusal(drafter, out, err) else expected)
     assert dec.target.offset == len(prompt) + len(out) - 1
 
 
@@ -72,15 +75,13 @@ def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program,
     # plain=True: the policy never drafts, so the tokens come from pipelined plain bursts
     policy = NeverSpeculate() if plain else AlwaysSpeculate()
     dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=16), policy)
-    events = decode(dec, prompt)
-    got = [next(events).token for _ in range(stop_after)]
-    events.close()
-    assert got == ref[:stop_after]
+    got, err = decode_until_refused(dec, prompt, limit=stop_after)
+    assert got == (ref[: len(got)] if check_refusal(drafter, got, err) else ref[:stop_after])
     assert dec.committed == drafter.tokens == prompt + got
-    assert dec.target.offset == len(prompt) + stop_after - 1
-    # the cache is usable: one more plain step continues the AR sequence
+    assert dec.target.offset == len(prompt) + len(got) - 1
+    # the cache is usable (after a refused draft too): a plain step continues the AR sequence
     new, *_ = dec.step(1)
-    assert new == [ref[stop_after]]
+    assert new == [ref[len(got)]]
 
 
 gate_configs = st.builds(
@@ -112,8 +113,9 @@ def test_gates_never_change_the_greedy_output(tiny, prompt, max_tokens, program,
     dec = Decoder(
         KVTarget(tiny), drafter, DecodeConfig(max_tokens=max_tokens), policy=GatedPolicy(cfg)
     )
-    assert [e.token for e in decode(dec, prompt)] == ref
-    assert drafter.tokens == prompt + ref
+    out, err = decode_until_refused(dec, prompt)  # a floored policy's peeks are checked too
+    assert out == (ref[: len(out)] if check_refusal(drafter, out, err) else ref)
+    assert drafter.tokens == prompt + out
 
 
 class _SplitBudget(AlwaysSpeculate):

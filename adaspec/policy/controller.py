@@ -237,10 +237,16 @@ class Decoder:
     def strong_candidate(self) -> bool:
         """While floored: does a cheap drafter have a strong draft right now? (lifts the floor)"""
         d = self.drafter
-        peek = getattr(d, "peek", None) or (d.draft if d is not None and d.cheap_draft else None)
+        if d is None:
+            return False
+        peek = getattr(d, "peek", None) or (d.draft if d.cheap_draft else None)
         if peek is None:
             return False
-        return peek(self._ctx(max_draft=self.cfg.max_draft)).strong and self.policy.lift()
+        ctx = self._ctx(max_draft=self.cfg.max_draft)
+        draft = peek(ctx)
+        # held to the same rules as a verified draft, so a broken drafter fails the same way
+        _check_draft(draft, ctx.max_draft, ctx.cheap_cap, self.target.info.vocab_size, d.name)
+        return draft.strong and self.policy.lift()
 
     def unwind(self, n: int) -> None:
         """Forget the newest n committed tokens everywhere (caller stopped mid-step)."""
