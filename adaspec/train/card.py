@@ -76,24 +76,35 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 ## Data
 Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts and
 {r["n_code"]} code prompts (instruction templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
-{r["heldout"]:.0%} held out by a hash of the source text. The target wrote every response
-(greedy, up to {r["max_new"]} tokens; prompts cut to their last {r["max_prompt"]} tokens).
-{d["train_sequences"]} training sequences ({d["train_response_tokens"]} response tokens),
+{r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
+tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
+(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{d.get("store", "")}`);
+the others train as prompt text alone. {d["train_sequences"]} training sequences
+({d.get("train_prompt_tokens", "?")} prompt and {d["train_response_tokens"]} response tokens),
 {d["heldout_sequences"]} held out.
+
+Labels come from one forward of the target over each sequence, never from the text itself: draft
+position j of a block anchored at a is labelled with the target's argmax after token a+j-1, and
+scored only while tokens a+1..a+j-1 are the target's own greedy chain. Valid labels by draft
+position over all training positions: {d.get("labels_by_depth", "not counted")}.
 
 ## Training
 {m["steps"]} steps: {h["epochs"]} epochs of {h["seqs_per_step"]} sequences x
 {h["anchors_per_seq"]} random anchors in each response (plus {h.get("prompt_anchors", 0)} in
-each prompt, teacher-forced on the corpus text) per step; block cross entropy with position weights
-exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}), softmax over the
-{vocab}; AdamW lr {h["lr"]}, weight decay {h["weight_decay"]}, warm-up {h["warmup"]:.0%} then
-cosine, gradient clip {h["clip"]}.
+each prompt; a sequence without a response takes all of them in its prompt) per step; block
+loss with position weights exp(-(k-1)/gamma) (gamma {h["gamma"] or "the paper default"}):
+{1 - h.get("soft", 0.0):.2f} x cross entropy against the greedy labels +
+{h.get("soft", 0.0):.2f} x KL from the target's top-{h.get("topk", 32)} distribution, softmax over
+the {vocab}; AdamW lr {h["lr"]}, weight decay {h["weight_decay"]}, warm-up {h["warmup"]:.0%}
+then cosine, gradient clip {h["clip"]}.
 Final training loss (mean of the last 20 steps): {m["final_train_loss"]:.3f}.
 
 ## Held-out evaluation
-tau = 1 + the number of leading draft tokens equal to the target's own response (what greedy
+tau = 1 + the number of leading draft tokens equal to the target's greedy labels (what greedy
 verification accepts, bonus token included), over blocks anchored at every
-{h["eval_stride"]}th response position of the held-out sequences.
+{h["eval_stride"]}th response position of the held-out sequences; text accept@1 (the first draft
+token against the target's argmax at every {h["eval_stride"]}th prompt position) in
+metrics.json.
 
 {eval_table(m["evals"])}
 {_warm_start(m)}"""
