@@ -53,8 +53,9 @@ def check_head_tokens(ids: Any, vocab_size: int, where: str) -> np.ndarray:
     else:
         integer = np.issubdtype(dtype, np.integer)
     if not integer:
+        name = str(dtype).rpartition(".")[2]  # mlx.core.float16 -> float16
         raise DrafterError(
-            f"{where}: {HEAD_KEY} has dtype {dtype}; accepted: an integer dtype (int32)"
+            f"{where}: {HEAD_KEY} has dtype {name}; accepted: an integer dtype (int32)"
         )
     arr = np.array(ids, dtype=np.int64)
     if arr.ndim != 1 or not 1 <= arr.shape[0] <= vocab_size:
