@@ -20,7 +20,7 @@ import adaspec
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash
 from adaspec.drafters.dflash import DFlashDrafter
-from adaspec.drafters.dflash_checkpoint import save_model
+from adaspec.drafters.dflash_checkpoint import save_model, write_head_tokens
 from adaspec.drafters.dflash_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
@@ -247,3 +247,22 @@ def test_save_refuses_a_bad_set(tmp_path):
     d = tiny_drafter(TARGETS["llama"])
     with pytest.raises(DrafterError, match=r"save_model: head_token_ids holds id 999 out of"):
         save_model(d.model, tmp_path / "x", head_token_ids=np.array([1, 999]))
+
+
+def test_write_head_tokens_adds_replaces_and_removes_a_set(ckpts, tmp_path):
+    plain, _, _ = ckpts
+    out = tmp_path / "zlab"
+    shutil.copytree(plain, out)
+    before = dict(mx.load(str(out / "model.safetensors")))
+    info = target_info(TARGETS["llama"])
+    write_head_tokens(out, np.array([5, 3, 9]))
+    assert dflash.load(out, info).head.ids.tolist() == [5, 3, 9]
+    write_head_tokens(out, np.array([7]))
+    after = dict(mx.load(str(out / "model.safetensors")))
+    assert np.array(after.pop(HEAD_KEY)).tolist() == [7] and after.keys() == before.keys()
+    assert all(np.array_equal(np.array(after[k]), np.array(before[k])) for k in before)
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.safetensors"]
+    with pytest.raises(DrafterError, match=r"holds id 1 more than once; accepted: distinct ids"):
+        write_head_tokens(out, np.array([1, 1]))
+    write_head_tokens(out, None)
+    assert dflash.load(out, info).head.ids is None

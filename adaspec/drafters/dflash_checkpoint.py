@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import cast
 
@@ -181,4 +183,24 @@ def save_model(
     if head is not None:
         weights[HEAD_KEY] = mx.array(head)
     mx.save_safetensors(str(p / "model.safetensors"), weights, metadata={"format": "pt"})
+    return p
+
+
+def write_head_tokens(path: str | Path, head_token_ids: np.ndarray | None) -> Path:
+    """Add, replace (or with None remove) the head token set of an existing checkpoint folder,
+    e.g. a z-lab drafter's, leaving its config and weights as they are."""
+    p = Path(path).expanduser()
+    cfg, _, _ = read_checkpoint(p)
+    files = sorted(p.glob("*.safetensors"))
+    target = next((f for f in files if HEAD_KEY in cast(dict, mx.load(str(f)))), files[0])
+    weights, meta = cast(tuple[dict, dict], mx.load(str(target), return_metadata=True))
+    weights.pop(HEAD_KEY, None)
+    if head_token_ids is not None:
+        where = f"DFlash checkpoint {str(p)!r}"
+        weights[HEAD_KEY] = mx.array(check_head_tokens(head_token_ids, cfg.vocab_size, where))
+    mx.eval(list(weights.values()))  # read everything before the file is replaced
+    with tempfile.TemporaryDirectory(dir=p) as tmp:  # mlx appends .safetensors to any name
+        new = Path(tmp) / target.name
+        mx.save_safetensors(str(new), weights, metadata=meta or {"format": "pt"})
+        os.replace(new, target)
     return p
