@@ -1,9 +1,21 @@
-"""DFlash draft cost per block vs one target step on a SmolLM2-135M-shaped target; prints the
-break-even tau on this machine.
+"""DFlash draft cost per block vs one target step on a SmolLM2-135M-shaped target, with the
+full draft head and heads restricted to the n most frequent ids; prints the break-even tau
+(verify cost ratio + draft/AR + advance/AR) on this machine.
 
     python benchmarks/dflash_cost.py [--real] [--context 512] [--window 2048] [--reps 30]
+        [--layers 1 2 3 5] [--blocks 16 8] [--heads 0 4096 8192 16384]
 
 --real also measures the real SmolLM2-135M (adaspec.targets.loader.load("smollm2-135m")).
+
+    python benchmarks/dflash_cost.py --coverage [--count-prompts 40] [--heads 4096 8192 16384]
+        [--write-set 16384]
+
+--coverage measures what restricted heads give up with the shipped SmolLM2-135M drafter: head
+sets from the target's argmax counts over --count-prompts training prompts (the trainer's
+split of /work/shared/corpus), then on the held-out prompts' greedy responses, per set size: how
+often the drafter's top-1 and the target's token fall outside the set, and held-out tau (greedy
+blocks anchored at every 4th response position). --write-set N writes the N-id set into the
+shipped checkpoint.
 """
 
 # isort: off
@@ -16,6 +28,8 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -23,7 +37,7 @@ from adaspec.drafters.base import DraftContext
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from adaspec.kernels import blas
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.adapter import KVTarget, embedding_and_head, target_info
 
 SMOLLM2 = dict(
     hidden_size=576,
@@ -36,7 +50,10 @@ SMOLLM2 = dict(
     rope_theta=100000.0,
     tie_word_embeddings=True,
 )
-TAPS = (1, 7, 14, 20, 27)  # z-lab's rule: 5 layers evenly from 1 to L-3
+TAPS = (1, 7, 14, 20, 27)
+CORPUS = (
+    Path(__file__).resolve().parents[2] / "shared" / "corpus"
+)  # z-lab's rule: 5 layers evenly from 1 to L-3
 
 
 def random_smollm2():
@@ -84,9 +101,10 @@ def target_steps(model, context: int) -> dict[str, Callable[[], None]]:
 
 
 def drafter_steps(
-    model, layers: int, block: int, context: int, window: int
+    model, layers: int, block: int, context: int, window: int, heads: list[int]
 ) -> dict[str, Callable[[], None]]:
-    """One greedy block draft, and one advance by 4 committed tokens (then rolled back)."""
+    """Greedy block drafts with the full head (0) and heads restricted to n ids, one advance by
+    4 committed tokens (then rolled back), and each head alone over the drafted rows."""
     cfg = DFlashConfig(
         hidden_size=576,
         num_hidden_layers=layers,
@@ -103,34 +121,34 @@ def drafter_steps(
         rope_theta=100000.0,
     )
     mx.random.seed(layers)
-    d = DFlashDrafter(DFlashModel(cfg), target_info(model), window=window)
+    dm = DFlashModel(cfg)
+    # which ids are kept does not change the cost, only how many
+    dm.head_token_ids = np.random.default_rng(0).permutation(49152)[: max(heads)].astype(np.int32)
     feats = mx.random.normal((context, len(TAPS) * 576))
     prompt = list(range(context + 1))
-    d.prefill(prompt, DraftContext(prompt, 0, features=feats))
     ctx = DraftContext(prompt, block - 1)
+    h = mx.random.normal((block - 1, 576))
+    fns: dict[str, Callable[[], None]] = {}
+    for n in heads:
+        d = DFlashDrafter(dm, target_info(model), window=window, head=n)
+        d.prefill(prompt, DraftContext(prompt, 0, features=feats))
+        fns[f"draft L{layers} B{block} H{n}"] = partial(d.draft, ctx)
+        fns[f"head B{block} H{n}"] = partial(d.head.greedy, h)  # logits, argmax, ids
 
     def advance() -> None:
         d.advance([1, 2, 3, 4], DraftContext(prompt, 0, features=feats[:4]))
         mx.eval(d.cache.keys, d.cache.values)
         d.rollback(4)
 
-    h = mx.random.normal((block - 1, 576))
-
-    def head() -> None:  # the target's tied lm_head over the drafted rows, a floor of the cost
-        mx.argmax(d._head(h), axis=-1).tolist()
-
-    return {
-        f"draft L{layers} B{block}": lambda: d.draft(ctx),
-        f"advance L{layers}": advance,
-        f"head B{block}": head,
-    }
+    fns[f"advance L{layers}"] = advance
+    return fns
 
 
 def report(name: str, model, args) -> None:
     fns = target_steps(model, args.context)
     for layers in args.layers:
-        for block in (16, 8):
-            fns.update(drafter_steps(model, layers, block, args.context, args.window))
+        for block in args.blocks:
+            fns.update(drafter_steps(model, layers, block, args.context, args.window, args.heads))
     stats = interleaved_ms(fns, args.reps)
     st = blas.status()
     print(
@@ -147,19 +165,112 @@ def report(name: str, model, args) -> None:
             )
         )
         print(
-            "\n| drafter layers | block | draft ms (lm_head part) | draft/AR | advance ms "
-            "| break-even tau |"
+            "\n| drafter layers | block | head ids | draft ms (head part) | draft/AR "
+            "| advance ms | break-even tau |"
         )
-        print("|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|")
         for layers in args.layers:
             adv = t[f"advance L{layers}"]
-            for block in (16, 8):
-                draft = t[f"draft L{layers} B{block}"]
-                tau0 = (t[f"verify {block}"] + draft + adv) / ar
-                print(
-                    f"| {layers} | {block} | {draft:.1f} ({t[f'head B{block}']:.1f}) "
-                    f"| {draft / ar:.2f} | {adv:.2f} | {tau0:.2f} |"
-                )
+            for block in args.blocks:
+                for n in args.heads:
+                    draft = t[f"draft L{layers} B{block} H{n}"]
+                    tau0 = (t[f"verify {block}"] + draft + adv) / ar
+                    print(
+                        f"| {layers} | {block} | {n or 'all'} | {draft:.1f} "
+                        f"({t[f'head B{block} H{n}']:.1f}) | {draft / ar:.2f} | {adv:.2f} "
+                        f"| {tau0:.2f} |"
+                    )
+
+
+def argmax_counts(model, prompts: list[list[int]], vocab: int) -> np.ndarray:
+    """How often each id is the target's argmax over the prompts' positions (teacher forced)."""
+    counts = np.zeros(vocab, np.int64)
+    for ids in prompts:
+        logits = KVTarget(model).forward(ids).logits
+        counts += np.bincount(np.array(mx.argmax(logits, axis=-1)), minlength=vocab)
+    return counts
+
+
+def heldout_blocks(model, tok, drafter, prompts: list[list[int]], max_new: int):
+    """The drafter's hidden states (N, B-1, d) and labels (N, B-1; -1 past the end) of blocks
+    anchored at every 4th position of the target's greedy responses, and the response ids."""
+    import mlx_lm
+
+    hidden, labels, responses = [], [], []
+    k = drafter.block - 1
+    for ids in prompts:
+        resp = [r.token for r in mlx_lm.stream_generate(model, tok, ids, max_tokens=max_new)]
+        tokens, responses = ids + resp, responses + resp
+        feats = KVTarget(model).prefill(tokens[:-1], drafter.needs_taps)
+        anchors = range(len(ids), len(tokens) - 1, 4)
+        last = anchors[-1]
+        drafter.prefill(tokens[: last + 1], DraftContext(tokens, 0, features=feats[:last]))
+        for a in reversed(anchors):  # rollback is an offset move: walk the anchors backwards
+            drafter.rollback(len(drafter.tokens) - (a + 1))
+            hidden.append(np.array(drafter.hidden(k)))
+            labels.append(np.pad(tokens[a + 1 : a + 1 + k], (0, k), constant_values=-1)[:k])
+    return np.stack(hidden), np.stack(labels), np.array(responses)
+
+
+def greedy_tau(pred: np.ndarray, labels: np.ndarray) -> float:
+    """1 + the mean number of leading drafted tokens equal to the target's (bonus included)."""
+    ok = (pred == labels) & (labels >= 0)
+    return float(1 + np.cumprod(ok, axis=1).sum(axis=1).mean())
+
+
+def top1(H: np.ndarray, W: np.ndarray, sets: dict[int, np.ndarray]):
+    """Argmax of the full head and of each restricted one over hidden states H (N, k, d),
+    a few hundred rows of logits at a time."""
+    flat = H.reshape(-1, H.shape[-1])
+    full = np.zeros(len(flat), np.int64)
+    preds = {n: np.zeros(len(flat), np.int64) for n in sets}
+    for i in range(0, len(flat), 512):
+        logits = flat[i : i + 512] @ W.T
+        full[i : i + 512] = logits.argmax(-1)
+        for n, S in sets.items():
+            preds[n][i : i + 512] = S[logits[:, S].argmax(-1)]
+    return full.reshape(H.shape[:2]), {n: p.reshape(H.shape[:2]) for n, p in preds.items()}
+
+
+def coverage(args) -> None:
+    from adaspec.drafters import dflash
+    from adaspec.drafters.dflash_checkpoint import write_head_tokens
+    from adaspec.drafters.dflash_head import select_head_tokens
+    from adaspec.prompting import prompt_ids
+    from adaspec.targets.loader import load
+    from adaspec.train.corpus import build_prompts
+
+    model, tok = load("smollm2-135m")
+    info = target_info(model, tok)
+    folder = dflash.default_checkpoint(info)
+    drafter = dflash.load(folder, info, head=0)
+    built = build_prompts(Path(args.corpus), n_news=285, n_code=229, seed=0)
+    ids = [prompt_ids(tok, list(p.messages))[-512:] for p in built]
+    train = [i for i, p in zip(ids, built) if not p.heldout]
+    picked = np.random.default_rng(0).permutation(len(train))[: args.count_prompts]
+    counts = argmax_counts(model, [train[i] for i in picked], info.vocab_size)
+    held = [i for i, p in zip(ids, built) if p.heldout][: args.heldout or None]
+    H, labels, responses = heldout_blocks(model, tok, drafter, held, 160)
+    eos = sorted(tok.eos_token_ids)
+    sets = {n: select_head_tokens(counts, n, always=eos) for n in args.heads if n}
+    full, preds = top1(H, np.array(embedding_and_head(model)[0].weight), sets)  # tied head
+    valid = labels >= 0
+    print(
+        f"\n## coverage: {len(labels)} held-out blocks of {len(held)} responses, counts from "
+        f"{counts.sum()} argmax tokens of {len(picked)} training prompts; full head: tau "
+        f"{greedy_tau(full, labels):.3f}\n"
+    )
+    print("| head ids | drafter top-1 outside | target token outside | held-out tau |")
+    print("|---|---|---|---|")
+    for n, S in sets.items():
+        outside = ~np.isin(np.arange(info.vocab_size), S)
+        print(
+            f"| {n} | {outside[full][valid].mean():.2%} | {outside[responses].mean():.2%} "
+            f"| {greedy_tau(preds[n], labels):.3f} |"
+        )
+    if args.write_set:
+        write_head_tokens(folder, select_head_tokens(counts, args.write_set, always=eos))
+        print(f"\nwrote {args.write_set} head ids into {folder}")
 
 
 def main() -> None:
@@ -168,8 +279,24 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--window", type=int, default=2048, help="drafter context window (sink 4)")
     p.add_argument("--layers", type=int, nargs="+", default=[1, 2, 3, 5])
+    p.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    p.add_argument(
+        "--heads",
+        type=int,
+        nargs="+",
+        default=[0, 4096, 8192, 16384],
+        help="draft head sizes: 0 the full vocabulary, n a head restricted to n token ids",
+    )
     p.add_argument("--real", action="store_true", help="also the real SmolLM2-135M")
+    p.add_argument("--coverage", action="store_true", help="what restricted heads give up")
+    p.add_argument("--count-prompts", type=int, default=40)
+    p.add_argument("--heldout", type=int, default=0, help="first N held-out prompts (0: all)")
+    p.add_argument("--corpus", default=str(CORPUS))
+    p.add_argument("--write-set", type=int, default=0, help="with --coverage: store N ids")
     args = p.parse_args()
+    if args.coverage:
+        coverage(args)
+        return
     report("random SmolLM2-135M shape (llama, 30 layers, d=576, V=49152)", random_smollm2(), args)
     if args.real:
         from adaspec.targets.loader import load
