@@ -20,7 +20,7 @@ import adaspec
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash
 from adaspec.drafters.dflash import DFlashDrafter
-from adaspec.drafters.dflash_checkpoint import save_model, write_head_tokens
+from adaspec.drafters.dflash_checkpoint import read_checkpoint, save_model, write_head_tokens
 from adaspec.drafters.dflash_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
@@ -266,3 +266,8 @@ def test_write_head_tokens_adds_replaces_and_removes_a_set(ckpts, tmp_path):
         write_head_tokens(out, np.array([1, 1]))
     write_head_tokens(out, None)
     assert dflash.load(out, info).head.ids is None
+
+
+def test_shipped_smollm2_drafter_has_a_head_set():
+    cfg, _, ids = read_checkpoint(dflash.SHIPPED / "smollm2-135m-dflash")
+    assert len(ids) == 16384 and ids[:2].tolist() == [0, 2]  # its end-of-text ids lead
