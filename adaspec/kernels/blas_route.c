@@ -77,16 +77,6 @@ static inline float hsum8(__m256 v) { /* lanes i + i+4, then i + i+2, then i + i
 #define VHSUM(v) hsum8(v)
 #define FN(name) name##_avx2
 #include "small_m.h"
-#undef W
-#undef MR
-#undef NR
-#undef VEC
-#undef VZERO
-#undef VLOAD
-#undef VLOADN
-#undef VFMA
-#undef VHSUM
-#undef FN
 
 /* ---- 16 lanes: AVX-512 F, tiles of 4 x 4 (21 of the 32 registers) --------------------- */
 
@@ -115,16 +105,6 @@ static inline float hsum16(__m512 v) { /* lanes i + i+8, then as hsum8 */
 #define VHSUM(v) hsum16(v)
 #define FN(name) name##_avx512
 #include "small_m.h"
-#undef W
-#undef MR
-#undef NR
-#undef VEC
-#undef VZERO
-#undef VLOAD
-#undef VLOADN
-#undef VFMA
-#undef VHSUM
-#undef FN
 #endif
 
 #if defined(__clang__)
