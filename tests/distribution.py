@@ -34,3 +34,24 @@ def assert_same(counts, probs, min_pvalue: float = 1e-3) -> None:
     obs, e = (obs, e) if e[-1] > 0 else (obs[:-1], e[:-1])
     res = chisquare(obs, e * obs.sum() / e.sum())
     assert res.pvalue > min_pvalue, res
+
+
+def speculative_counts(target, drafter, prompt, v, params, length=3, runs=1200):
+    """Counts of every `length`-token continuation over `runs` seeded speculative decodes on a
+    KV target (index (t0 * v + t1) * v + t2 ...), and how many tokens the last run drafted."""
+    from adaspec.policy.controller import DecodeConfig, Decoder, decode
+    from adaspec.targets.adapter import KVTarget
+
+    counts = np.zeros(v**length)
+    for s in range(runs):
+        dec = Decoder(
+            KVTarget(target),
+            drafter,
+            DecodeConfig(max_tokens=length, sampling=params),
+            rng=np.random.default_rng(s),
+        )
+        index = 0
+        for e in decode(dec, prompt):
+            index = index * v + e.token
+        counts[index] += 1
+    return counts, dec.stats.drafted

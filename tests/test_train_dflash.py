@@ -70,17 +70,6 @@ def test_default_taps_follow_zlab_rule():
     assert default_taps(2, 2) == (0, 1)
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    words = "the river city council said on monday that water levels rose again".split()
-    lines = [" ".join(rng.choice(words, size=60)) + "." for _ in range(12)]
-    (d / "news.txt").write_text("\n".join(lines) + "\n")
-    (d / "code_modules.txt").write_text("colorsys\nbisect\n")
-    return d
-
-
 def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
     target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
     recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))

@@ -14,17 +14,6 @@ from adaspec.train.pipeline import grow, plan, respond_order, train_dflash
 from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    d = tmp_path_factory.mktemp("corpus")
-    rng = np.random.default_rng(0)
-    words = "the river city council said on monday that water levels rose again".split()
-    lines = [" ".join(rng.choice(words, size=60)) + "." for _ in range(12)]
-    (d / "news.txt").write_text("\n".join(lines) + "\n")
-    (d / "code_modules.txt").write_text("colorsys\nbisect\n")
-    return d
-
-
 class Stop(Exception):
     pass
 
