@@ -20,9 +20,9 @@ from .policy.controller import (
     SpecPolicy,
     decode,
 )
-from .policy.sampling import SamplingParams
 from .policy.stats import GenerationStats, StepStats
-from .targets.adapter import make_target
+from .sampling_params import SamplingParams
+from .targets import make_target
 
 
 @dataclass

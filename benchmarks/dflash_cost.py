@@ -37,7 +37,8 @@ from adaspec.drafters.base import DraftContext
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from adaspec.kernels import blas
-from adaspec.targets.adapter import KVTarget, embedding_and_head, target_info
+from adaspec.targets.base import embedding_and_head, target_info
+from adaspec.targets.kv import KVTarget
 
 SMOLLM2 = dict(
     hidden_size=576,

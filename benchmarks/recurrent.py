@@ -32,8 +32,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from adaspec.kernels import blas
-from adaspec.targets.recurrent import ReplayTarget
-from adaspec.targets.rollback import available
+from adaspec.targets.architectures import available
+from adaspec.targets.replay import ReplayTarget
 
 VOCAB = 49152  # SmolLM2's tokenizer
 _QWEN_LINEAR = dict(

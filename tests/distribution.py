@@ -40,7 +40,7 @@ def speculative_counts(target, drafter, prompt, v, params, length=3, runs=1200):
     """Counts of every `length`-token continuation over `runs` seeded speculative decodes on a
     KV target (index (t0 * v + t1) * v + t2 ...), and how many tokens the last run drafted."""
     from adaspec.policy.controller import DecodeConfig, Decoder, decode
-    from adaspec.targets.adapter import KVTarget
+    from adaspec.targets.kv import KVTarget
 
     counts = np.zeros(v**length)
     for s in range(runs):

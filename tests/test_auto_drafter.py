@@ -15,7 +15,8 @@ from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.base import target_info
+from adaspec.targets.kv import KVTarget
 
 V = 12
 TARGETS = {a: tiny_model(a, vocab=V, seed=2) for a in ("llama", "qwen3")}

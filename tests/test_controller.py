@@ -19,7 +19,7 @@ from adaspec.policy.controller import (
     decode,
 )
 from adaspec.policy.stats import StepStats
-from adaspec.targets.adapter import KVTarget
+from adaspec.targets.kv import KVTarget
 
 
 def run(model, drafter, prompt, max_tokens, eos=frozenset()):

@@ -27,7 +27,8 @@ from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.errors import DrafterError
 from adaspec.policy import sampling
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.base import target_info
+from adaspec.targets.kv import KVTarget
 
 TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}
 SMALL_V = {a: tiny_model(a, vocab=12, seed=2) for a in ("llama", "qwen3")}

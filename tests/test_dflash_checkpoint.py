@@ -14,7 +14,7 @@ from adaspec import settings as settings_mod
 from adaspec.drafters import dflash
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError, DrafterMismatchError, ModelLoadError
-from adaspec.targets.adapter import target_info
+from adaspec.targets.base import target_info
 
 TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}
 FEATS = np.random.default_rng(7).normal(size=(20, 128)).astype(np.float32)

@@ -25,7 +25,7 @@ from adaspec.drafters.dflash_head import HEAD_KEY, check_head_tokens, select_hea
 from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
 from adaspec.policy import sampling
-from adaspec.targets.adapter import target_info
+from adaspec.targets.base import target_info
 
 TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}
 FEATS = np.random.default_rng(7).normal(size=(64, 128)).astype(np.float32)  # 2 taps x 64

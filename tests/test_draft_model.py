@@ -19,7 +19,8 @@ from adaspec.errors import DrafterError, DrafterMismatchError
 from adaspec.policy import sampling
 from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.settings import from_env
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.base import target_info
+from adaspec.targets.kv import KVTarget
 
 TOK = byte_tokenizer()
 TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}

@@ -22,9 +22,9 @@ from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 from adaspec.drafters.base import Draft
 from adaspec.policy import sampling
 from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, NeverSpeculate, decode
-from adaspec.targets.adapter import make_target
-from adaspec.targets.recurrent import ReplayTarget
-from adaspec.targets.rollback import available
+from adaspec.targets import make_target
+from adaspec.targets.architectures import available
+from adaspec.targets.replay import ReplayTarget
 
 MODELS = {arch: tiny_hybrid(arch) for arch in HYBRIDS}
 PLANS = [(arch, s) for arch in HYBRIDS for s in available(ReplayTarget(MODELS[arch]))]

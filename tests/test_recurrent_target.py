@@ -13,9 +13,11 @@ from tiny import VOCAB, tiny_model
 from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 
 from adaspec.errors import TargetError
-from adaspec.targets.adapter import KVTarget, layer_list, make_target
-from adaspec.targets.recurrent import ReplayTarget
-from adaspec.targets.rollback import available
+from adaspec.targets import make_target
+from adaspec.targets.architectures import available
+from adaspec.targets.base import layer_list
+from adaspec.targets.kv import KVTarget
+from adaspec.targets.replay import ReplayTarget
 
 MODELS = {arch: tiny_hybrid(arch) for arch in (*HYBRIDS, "qwen3_5_moe")}
 PLANS = [(arch, s) for arch in HYBRIDS for s in available(ReplayTarget(MODELS[arch]))]

@@ -9,7 +9,7 @@ from tiny import tiny_model
 
 from adaspec.policy import sampling
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.targets.adapter import KVTarget
+from adaspec.targets.kv import KVTarget
 
 V = 8
 PROMPT = [1, 2, 3]

@@ -11,7 +11,7 @@ from adaspec.drafters import dflash
 from adaspec.drafters.registry import default_spec
 from adaspec.prompting import messages_for, prompt_ids
 from adaspec.settings import from_env
-from adaspec.targets.adapter import layer_list, target_info
+from adaspec.targets.base import layer_list, target_info
 from adaspec.train.pipeline import choose_mask_token
 
 # Open prompts of the dev suite (story, explain, code-gen, math), where PLD rarely has a match

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from tiny import VOCAB, tiny_model
 
-from adaspec.targets.adapter import KVTarget, make_target
+from adaspec.targets import make_target
+from adaspec.targets.kv import KVTarget
 
 MODELS = {"llama": tiny_model("llama"), "qwen3": tiny_model("qwen3")}
 

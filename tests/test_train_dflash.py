@@ -13,7 +13,8 @@ from tiny_dflash import ctx, tiny_config, tiny_dflash_model
 from adaspec.drafters import dflash
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.targets.adapter import KVTarget, target_info
+from adaspec.targets.base import target_info
+from adaspec.targets.kv import KVTarget
 from adaspec.train.data import TargetLabels, TrainSeq, target_forward
 from adaspec.train.objective import TrainingError
 from adaspec.train.pipeline import choose_mask_token, default_taps, train_dflash

@@ -13,7 +13,8 @@ from mlx.utils import tree_flatten, tree_map
 from adaspec.drafters.base import DraftContext
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_model import DFlashConfig, DFlashModel
-from adaspec.targets.adapter import make_target, target_info
+from adaspec.targets import make_target
+from adaspec.targets.base import target_info
 
 
 def tiny_config(info, *, layers=2, block=8, taps=(0, 1), **over) -> DFlashConfig:

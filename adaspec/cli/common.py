@@ -53,6 +53,6 @@ def drafter_spec(args: argparse.Namespace, model, tokenizer) -> str:
     if args.drafter is not None:
         return args.drafter
     from ..drafters.registry import default_spec
-    from ..targets.adapter import target_info
+    from ..targets.base import target_info
 
     return default_spec(target_info(model, tokenizer))

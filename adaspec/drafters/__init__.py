@@ -1,6 +1,7 @@
 """Drafters: the DraftModel protocol, built-in drafters and the registry."""
 
-from .base import Draft, DraftContext, DraftModel, TargetInfo
+from ..targets.base import TargetInfo
+from .base import Draft, DraftContext, DraftModel
 from .registry import make, names, register
 
 __all__ = ["Draft", "DraftContext", "DraftModel", "TargetInfo", "make", "names", "register"]

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from ..errors import DrafterError
 from ..settings import Settings
+from ..targets.base import TargetInfo
 from . import dflash
-from .base import Draft, DraftContext, DraftModel, TargetInfo
+from .base import Draft, DraftContext, DraftModel
 from .pld import PromptLookup, parse_kv
 
 log = logging.getLogger(__name__)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from ..policy.sampling import SamplingParams
+    from ..sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -113,15 +113,3 @@ class DraftModel(Protocol):
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None: ...
 
     def rollback(self, n: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What a drafter factory may know about the target it will draft for."""
-
-    model: Any  # the mlx-lm nn.Module (for embedding / lm_head binding, e.g. DFlash)
-    tokenizer: Any  # mlx-lm TokenizerWrapper or None
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    model_type: str = ""

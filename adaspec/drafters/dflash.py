@@ -18,8 +18,8 @@ import numpy as np
 
 from ..errors import DrafterError
 from ..settings import Settings
-from ..targets.adapter import embedding_and_head
-from .base import Draft, DraftContext, TargetInfo
+from ..targets.base import TargetInfo, embedding_and_head
+from .base import Draft, DraftContext
 from .dflash_checkpoint import check_target, load_model, save_model
 from .dflash_head import DraftHead, head_subset
 from .dflash_model import DFlashModel

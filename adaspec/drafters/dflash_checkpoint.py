@@ -16,7 +16,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..errors import DrafterError, DrafterMismatchError, ModelLoadError
-from .base import TargetInfo
+from ..targets.base import TargetInfo
 from .dflash_head import HEAD_KEY, check_head_tokens
 from .dflash_model import DFlashConfig, DFlashModel
 

@@ -23,7 +23,8 @@ from ..errors import DrafterError, DrafterMismatchError
 from ..policy import sampling
 from ..policy.acceptance import sample
 from ..settings import Settings
-from .base import Draft, DraftContext, TargetInfo
+from ..targets.base import TargetInfo
+from .base import Draft, DraftContext
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ class DraftLM:
     ):
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-        from ..targets.adapter import target_info
+        from ..targets.base import target_info
 
         info = target_info(model, tokenizer)
         check_vocab(info, target)

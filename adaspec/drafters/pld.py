@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 from ..errors import DrafterError
 from ..settings import Settings
-from .base import Draft, DraftContext, TargetInfo
+from ..targets.base import TargetInfo
+from .base import Draft, DraftContext
 
 
 class PromptLookup:

@@ -8,7 +8,8 @@ from importlib.metadata import entry_points
 
 from ..errors import DrafterError
 from ..settings import Settings
-from .base import DraftModel, TargetInfo
+from ..targets.base import TargetInfo
+from .base import DraftModel
 
 log = logging.getLogger(__name__)
 

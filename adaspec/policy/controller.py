@@ -15,7 +15,7 @@ import numpy as np
 
 from ..drafters.base import Draft, DraftContext, DraftModel
 from ..errors import DrafterError
-from ..targets.adapter import Forward, Target
+from ..targets.base import Forward, Target
 from . import acceptance, sampling
 from .stats import GenerationStats, StepStats
 

@@ -1,1 +1,32 @@
-"""Target adapters over mlx-lm models (verify, taps, rollback) and model loaders."""
+"""Target adapters over mlx-lm models (verify, taps, rollback) and model loaders.
+
+Layers, each importing only those before it: `base` (the Target protocol, TargetInfo, taps),
+`kv` (trim rollback), `rollback` and `recurrences` (strategies for recurrent state),
+`architectures` (which strategy fits which model), `replay` (the recurrent adapter), and
+`make_target` here, which picks the adapter.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the loaders import this package: it stays free of mlx until a target is made
+    from .base import Target
+
+
+def make_target(
+    model: Any, tokenizer: Any = None, *, prefill_step: int = 2048, rollback: str = "auto"
+) -> Target:
+    """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
+    recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from .kv import KVTarget
+    from .replay import ReplayTarget, has_recurrent_state
+
+    if has_recurrent_state(make_prompt_cache(model)):
+        return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
+    return KVTarget(model, tokenizer, prefill_step=prefill_step)
+
+
+__all__ = ["make_target"]

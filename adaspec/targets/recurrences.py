@@ -12,15 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .rollback import Recorded, _recurrent_layers
-
-if TYPE_CHECKING:
-    from .recurrent import Pending, ReplayTarget
+from .rollback import Pending, Recorded, Replayed, recurrent_layers
 
 
 @dataclass(frozen=True)
@@ -47,13 +44,8 @@ def _gates_qwen3_next(mixer: Any, outs: list[mx.array]) -> tuple[mx.array, mx.ar
     return a.reshape(B, L, nv), b.reshape(B, L, nv)
 
 
-_QWEN3_5 = GatedDeltaLayout(("in_proj_a", "in_proj_b"), _gates_qwen3_5)
-GATED_DELTA = {
-    "qwen3_next": GatedDeltaLayout(("in_proj_ba",), _gates_qwen3_next),
-    "qwen3_5": _QWEN3_5,
-    "qwen3_5_moe": _QWEN3_5,
-}
-SSM = frozenset({"mamba2"})
+QWEN3_5 = GatedDeltaLayout(("in_proj_a", "in_proj_b"), _gates_qwen3_5)
+QWEN3_NEXT = GatedDeltaLayout(("in_proj_ba",), _gates_qwen3_next)
 
 
 def _conv_states(strategy: Recorded, pending: Pending, slot: int, m: int, keep: int) -> None:
@@ -69,9 +61,11 @@ class GatedDeltaReplay(Recorded):
 
     name = "delta"
 
-    def __init__(self, target: ReplayTarget, layout: GatedDeltaLayout, use_kernel: bool = True):
+    def __init__(
+        self, target: Replayed, attr: str, layout: GatedDeltaLayout, use_kernel: bool = True
+    ):
         self.layout, self.use_kernel = layout, use_kernel
-        self.mixers = [layer["linear_attn"] for layer in _recurrent_layers(target)]
+        self.mixers = [layer[attr] for layer in recurrent_layers(target)]
         names = ("conv1d", *layout.projections)
         super().__init__(target, [[(mixer, n) for n in names] for mixer in self.mixers])
 
@@ -121,8 +115,8 @@ class SsmReplay(Recorded):
 
     name = "ssm"
 
-    def __init__(self, target: ReplayTarget):
-        self.mixers = [layer["mixer"] for layer in _recurrent_layers(target)]
+    def __init__(self, target: Replayed, attr: str):
+        self.mixers = [layer[attr] for layer in recurrent_layers(target)]
         super().__init__(target, [[(x, "in_proj"), (x, "conv1d")] for x in self.mixers])
 
     def replay(self, pending: Pending, m: int) -> None:

@@ -1,24 +1,41 @@
-"""Rollback strategies for recurrent layers behind one interface. The replay adapter restores
-the recurrent arrays to their snapshot and trims the KV layers; a strategy then brings the
-recurrent state forward over the m accepted tokens of the last forward.
-
-Which strategy an architecture uses by default is the cheapest one measured for it
-(docs/benchmarks.md, "Recurrent targets"); every strategy gives the same state.
+"""Rollback strategies for recurrent layers behind one interface, and the generic ones. The
+replay adapter restores the recurrent arrays to their snapshot and trims the KV layers; a
+strategy then brings the recurrent state forward over the m accepted tokens of the last forward.
+Every strategy gives the same state; `architectures` says which fit which model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mlx.core as mx
 
-from ..errors import TargetError
-from .adapter import Spy, layer_list, spying
+from .base import Spy, layer_list, spying
 
-if TYPE_CHECKING:
-    from .recurrent import Pending, ReplayTarget
+
+@dataclass
+class Pending:
+    """The last forward, kept so that a rollback into it can be undone exactly."""
+
+    tokens: Sequence[int] | mx.array  # the L tokens fed (may be a lazy array)
+    snapshot: list[list[Any]]  # per recurrent leaf: its arrays before the forward
+    record: Any  # what the strategy recorded during the forward
+    kept: int  # how many of the L tokens are still in the cache
+
+
+class Replayed(Protocol):
+    """What a strategy uses of the replay adapter it serves (`replay.ReplayTarget`)."""
+
+    model: Any
+    recurrent: list[tuple[str, Any]]  # (layer label, ArraysCache)
+    kv: list[tuple[str, Any]]  # (layer label, trimmable cache)
+
+    def run(
+        self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...]
+    ) -> tuple[mx.array, list]: ...
 
 
 class Strategy(Protocol):
@@ -40,7 +57,7 @@ class Refeed:
 
     name = "refeed"
 
-    def __init__(self, target: ReplayTarget):
+    def __init__(self, target: Replayed):
         self.target = target
 
     @contextmanager
@@ -52,14 +69,14 @@ class Refeed:
             c.trim(m)
         toks = pending.tokens
         # the logits are never evaluated: mlx computes only what the caches depend on
-        self.target._run(toks[:m] if isinstance(toks, mx.array) else list(toks)[:m], ())
+        self.target.run(toks[:m] if isinstance(toks, mx.array) else list(toks)[:m], ())
 
 
 class Recorded:
     """Base of the strategies that spy on modules of each recurrent layer during a forward:
     `slots[j]` lists the (container, key) pairs of layer j, the same number for every layer."""
 
-    def __init__(self, target: ReplayTarget, slots: list[list[tuple[Any, Any]]]):
+    def __init__(self, target: Replayed, slots: list[list[tuple[Any, Any]]]):
         self.target = target
         self.width = len(slots[0])
         self.slots = [s for layer in slots for s in layer]
@@ -92,8 +109,8 @@ class LayerReplay(Recorded):
 
     name = "layers"
 
-    def __init__(self, target: ReplayTarget, attr: str):
-        self.layers = _recurrent_layers(target)
+    def __init__(self, target: Replayed, attr: str):
+        self.layers = recurrent_layers(target)
         self.attr = attr
         super().__init__(target, [[(layer, attr)] for layer in self.layers])
 
@@ -104,54 +121,7 @@ class LayerReplay(Recorded):
             layer[self.attr](args[0][:, :m], None, c)
 
 
-def _recurrent_layers(target: ReplayTarget) -> list[Any]:
+def recurrent_layers(target: Replayed) -> list[Any]:
+    """The decoder layers that hold the recurrent caches, in cache order."""
     layers = layer_list(target.model)
     return [layers[int(label)] for label, _ in target.recurrent]
-
-
-# the decoder-layer attribute holding each architecture's recurrent mixer
-MIXERS = {
-    "qwen3_next": "linear_attn",
-    "qwen3_5": "linear_attn",
-    "qwen3_5_moe": "linear_attn",
-    "mamba2": "mixer",
-}
-# cheapest first, from the rollback-cost measurements in docs/benchmarks.md
-PREFERENCE = ("delta", "ssm", "layers", "refeed")
-
-
-def available(target: ReplayTarget) -> tuple[str, ...]:
-    """The strategies that fit `target`'s architecture, cheapest first."""
-    from .recurrences import GATED_DELTA, SSM
-    from .recurrent import model_type
-
-    arch = model_type(target.model)
-    plain = all("." not in label for label, _ in target.recurrent)  # no CacheList members
-    ok = {"refeed"}
-    if plain and arch in MIXERS:
-        ok.add("layers")
-        ok.update({"delta"} if arch in GATED_DELTA else {"ssm"} if arch in SSM else set())
-    return tuple(s for s in PREFERENCE if s in ok)
-
-
-def make_strategy(name: str, target: ReplayTarget, *, use_kernel: bool = True) -> Strategy:
-    """`name`: "delta", "ssm", "layers", "refeed", or "auto" (the cheapest that fits)."""
-    from .recurrent import model_type
-
-    fits = available(target)
-    name = fits[0] if name == "auto" else name
-    if name not in fits:
-        raise TargetError(
-            f"rollback strategy {name!r} is not available for {model_type(target.model)!r}; "
-            f"accepted: auto, {', '.join(fits)}"
-        )
-    from . import recurrences
-
-    arch = model_type(target.model)
-    if name == "delta":
-        return recurrences.GatedDeltaReplay(target, recurrences.GATED_DELTA[arch], use_kernel)
-    if name == "ssm":
-        return recurrences.SsmReplay(target)
-    if name == "layers":
-        return LayerReplay(target, MIXERS[arch])
-    return Refeed(target)

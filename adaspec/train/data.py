@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from ..targets.adapter import layer_list, layer_output, spying
+from ..targets.base import layer_list, layer_output, spying
 from .objective import TrainingError
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..kernels.blas import KERNEL_ROWS
-from ..targets.adapter import inner_model
+from ..targets.base import inner_model
 from .store import Answer, ResponseStore
 
 log = logging.getLogger(__name__)

@@ -15,11 +15,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ..drafters.base import TargetInfo
 from ..drafters.dflash_checkpoint import save_model
 from ..drafters.dflash_model import DFlashModel
 from ..prompting import prompt_ids
-from ..targets.adapter import embedding_and_head, target_info
+from ..targets.base import TargetInfo, embedding_and_head, target_info
 from . import card
 from .corpus import PromptRecord, build_prompts
 from .data import TrainSeq, extract_features

@@ -8,11 +8,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..drafters.base import TargetInfo
 from ..drafters.dflash_checkpoint import load_model
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
 from ..prompting import prompt_ids
-from ..targets.adapter import inner_model, layer_list
+from ..targets.base import TargetInfo, inner_model, layer_list
 from .objective import TrainingError
 from .recipe import Recipe
 

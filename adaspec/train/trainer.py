@@ -20,7 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm import tqdm
 
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
-from ..targets.adapter import embedding_and_head
+from ..targets.base import embedding_and_head
 from .data import TargetLabels, TrainSeq, load_features, load_labels
 from .loss import block_objective
 from .objective import (

@@ -1,4 +1,5 @@
-"""Target adapters: one forward over k+1 tokens, tap features, and rollback of the cache."""
+"""What a target is: the Target protocol, its Forward result and TargetInfo, model
+introspection, layer taps, and the cached forward both adapters (kv, replay) build on."""
 
 from __future__ import annotations
 
@@ -9,8 +10,19 @@ from typing import Any, Protocol
 
 import mlx.core as mx
 
-from ..drafters.base import TargetInfo
 from ..errors import TargetError
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What a drafter factory may know about the target it will draft for."""
+
+    model: Any  # the mlx-lm nn.Module (for embedding / lm_head binding, e.g. DFlash)
+    tokenizer: Any  # mlx-lm TokenizerWrapper or None
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    model_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,12 @@ def embedding_and_head(model: Any) -> tuple[Any, Any]:
 
 def layer_list(model: Any) -> list:
     return inner_model(model).layers
+
+
+def model_type(model: Any) -> str:
+    """The top-level mlx-lm model type (e.g. "qwen3_5", not its text config's)."""
+    args = getattr(model, "args", None)
+    return str(getattr(model, "model_type", None) or getattr(args, "model_type", ""))
 
 
 def target_info(model: Any, tokenizer: Any = None) -> TargetInfo:
@@ -155,10 +173,9 @@ class CacheTarget:
     def offset(self) -> int:
         return self._offset
 
-    def _run(
-        self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...]
-    ) -> tuple[mx.array, list]:
-        # an mx.array may still be lazy: the caller can queue this forward before reading it
+    def run(self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...]) -> tuple[mx.array, list]:
+        """One forward through the cache, the offset untouched: (logits, tap hidden states).
+        An mx.array may still be lazy: the caller can queue this forward before reading it."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         x = x.astype(mx.uint32)[None]
         if not taps:
@@ -174,7 +191,7 @@ class CacheTarget:
         feats = []
         for start in range(0, len(tokens), self.prefill_step):
             chunk = tokens[start : start + self.prefill_step]
-            _, hs = self._run(chunk, taps)
+            _, hs = self.run(chunk, taps)
             if taps:
                 feats.append(mx.concatenate(hs, axis=-1))
                 mx.eval(feats[-1])
@@ -187,53 +204,7 @@ class CacheTarget:
         return mx.concatenate(feats, axis=0)
 
     def forward(self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...] = ()) -> Forward:
-        logits, hs = self._run(tokens, taps)
+        logits, hs = self.run(tokens, taps)
         self._offset += len(tokens)
         feats = mx.concatenate(hs, axis=-1) if taps else None
         return Forward(logits.astype(mx.float32), feats)
-
-
-class KVTarget(CacheTarget):
-    """Adapter for targets whose every cache layer can be trimmed (attention KV caches)."""
-
-    rollback_kind = "trim"
-
-    def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
-        super().__init__(model, tokenizer, prefill_step=prefill_step)
-        bad = [
-            f"{i} ({type(c).__name__})" for i, c in enumerate(self.cache) if not c.is_trimmable()
-        ]
-        if bad:
-            raise TargetError(
-                f"{type(model).__name__} has cache layers that cannot be trimmed: "
-                f"{', '.join(bad)}; accepted here: models whose caches are all trimmable "
-                "(KVCache, ...); recurrent targets (ArraysCache) go through make_target"
-            )
-
-    def rollback(self, n: int) -> None:
-        if n < 0 or n > self._offset:
-            raise TargetError(f"rollback({n}) is out of range; accepted: 0..{self._offset}")
-        if n == 0:
-            return
-        for i, c in enumerate(self.cache):
-            got = c.trim(n)
-            if got != n:
-                raise TargetError(
-                    f"cache layer {i} ({type(c).__name__}) trimmed {got} of {n} positions; "
-                    "a rotating cache cannot be rolled back after it wraps"
-                )
-        self._offset -= n
-
-
-def make_target(
-    model: Any, tokenizer: Any = None, *, prefill_step: int = 2048, rollback: str = "auto"
-) -> Target:
-    """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
-    recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    from .recurrent import ReplayTarget, has_recurrent_state
-
-    if has_recurrent_state(make_prompt_cache(model)):
-        return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
-    return KVTarget(model, tokenizer, prefill_step=prefill_step)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import mlx.core as mx
 
 from ..errors import TargetError
-from .adapter import CacheTarget, Forward
+from .architectures import make_strategy
+from .base import CacheTarget, Forward
+from .rollback import Pending
 
 log = logging.getLogger(__name__)
 
@@ -20,16 +21,6 @@ ACCEPTED_CACHES = (
     "ArraysCache (recurrent state) and trimmable KV caches (KVCache, QuantizedKVCache, "
     "RotatingKVCache before it wraps), alone or inside a CacheList"
 )
-
-
-@dataclass
-class Pending:
-    """The last forward, kept so that a rollback into it can be undone exactly."""
-
-    tokens: Sequence[int] | mx.array  # the L tokens fed (may be a lazy array)
-    snapshot: list[list[Any]]  # per recurrent leaf: its arrays before the forward
-    record: Any  # what the strategy recorded during the forward
-    kept: int  # how many of the L tokens are still in the cache
 
 
 def cache_leaves(cache: Sequence[Any]) -> list[tuple[str, Any]]:
@@ -51,12 +42,6 @@ def has_recurrent_state(cache: Sequence[Any]) -> bool:
     return any(isinstance(c, ArraysCache) for _, c in cache_leaves(cache))
 
 
-def model_type(model: Any) -> str:
-    """The top-level mlx-lm model type (e.g. "qwen3_5", not its text config's)."""
-    args = getattr(model, "args", None)
-    return str(getattr(model, "model_type", None) or getattr(args, "model_type", ""))
-
-
 class ReplayTarget(CacheTarget):
     """Adapter for targets whose caches include recurrent state. rollback(n) within the last
     forward is exact and cheap; deeper rollbacks re-prefill the kept tokens (exact, slow)."""
@@ -72,8 +57,6 @@ class ReplayTarget(CacheTarget):
         strategy: str = "auto",
         use_kernel: bool = True,
     ):
-        from .rollback import make_strategy
-
         super().__init__(model, tokenizer, prefill_step=prefill_step)
         self._classify()
         self.strategy = make_strategy(strategy, self, use_kernel=use_kernel)

@@ -1,0 +1,144 @@
+"""Tier 1: the package's shape. Modules import each other without cycles, the subpackages point
+one way (targets <- drafters <- policy), and every module and function stays within the line
+budget. The graph is read from the source with `ast`, so nothing is imported to check it.
+
+Every `import` statement counts: top-level ones, ones inside functions (a lazy import is still a
+dependency), and ones under `if TYPE_CHECKING:` (a type named across a layer ties the layers
+together as much as a call does).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "adaspec"
+# lower first: a subpackage may import those before it, never those after it
+LAYERS = ("targets", "drafters", "policy")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+# Known exceptions, outside the targets/bench layers and being rewritten with the
+# controller/policy/drafters protocol; each entry is removed when its module is.
+KNOWN_UPWARD = {
+    # the draft model builds q with the policy's sampling filters and samples with its sampler
+    ("adaspec.drafters.draft_model", "adaspec.policy.sampling"),
+    ("adaspec.drafters.draft_model", "adaspec.policy.acceptance"),
+}
+KNOWN_LONG_FUNCTIONS: set[str] = set()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    """The absolute module an ImportFrom names (before its imported names)."""
+    if node.level == 0:
+        return node.module or ""
+    base = importer.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The adaspec modules `name` imports, wherever the import statement stands."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = resolve(name, path.name == "__init__.py", node)
+            # `from . import x` imports module x when x is a submodule, else a name of `.`
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in known else mod for a in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def without_package_inits(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Drop edges into a package `__init__` from its own submodules: Python runs a package's
+    `__init__` before any submodule, so `from . import x` in a sibling is no cycle."""
+    return {m: {d for d in deps if not m.startswith(d + ".")} for m, deps in g.items()}
+
+
+def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    stack: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                return stack[stack.index(d) :] + [d]
+            if d not in state and (found := visit(d)):
+                return found
+        stack.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(g):
+        if m not in state and (found := visit(m)):
+            return found
+    return None
+
+
+def layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_the_graph_sees_lazy_and_type_only_imports():
+    g = graph()
+    assert "adaspec.targets.base" in g["adaspec.targets.kv"]
+    assert "adaspec.drafters.registry" in g["adaspec.api"]  # imported inside a function
+    assert "adaspec.settings" in g["adaspec.drafters.registry"]
+
+
+@pytest.mark.xfail(reason="bench and bench_peer import each other", strict=True)
+def test_no_import_cycle_between_modules():
+    cycle = find_cycle(without_package_inits(graph()))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_subpackages_import_only_downward():
+    upward = {
+        (m, d)
+        for m, deps in graph().items()
+        for d in deps
+        if layer(m) is not None and layer(d) is not None and layer(d) > layer(m)
+    }
+    assert upward <= KNOWN_UPWARD, sorted(upward - KNOWN_UPWARD)
+    assert not KNOWN_UPWARD - upward, f"fixed, remove from KNOWN_UPWARD: {KNOWN_UPWARD - upward}"
+
+
+def test_modules_and_functions_stay_within_budget():
+    long_modules, long_functions = [], set()
+    for name, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            long_modules.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                if node.end_lineno - first + 1 > MAX_FUNCTION_LINES:
+                    long_functions.add(f"{name}.{node.name}")
+    assert not long_modules, long_modules
+    assert long_functions <= KNOWN_LONG_FUNCTIONS, sorted(long_functions - KNOWN_LONG_FUNCTIONS)
+    fixed = KNOWN_LONG_FUNCTIONS - long_functions
+    assert not fixed, f"fixed, remove from KNOWN_LONG_FUNCTIONS: {fixed}"
