@@ -1,46 +1,59 @@
-"""Every ADASPEC_* environment knob, read once into one validated settings object."""
+"""Every environment variable adaspec reads (the ADASPEC_* knobs, and CC, LD_LIBRARY_PATH,
+XDG_CACHE_HOME), read once into one validated pydantic-settings object."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from contextvars import ContextVar
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
 )
 
 from .errors import SettingsError
 
 PREFIX = "ADASPEC_"
+# Read under their own names, not as ADASPEC_ knobs (field -> variable)
+HOST = {"xdg_cache_home": "XDG_CACHE_HOME", "cc": "CC", "ld_library_path": "LD_LIBRARY_PATH"}
 GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
 
-
-def default_cache() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "adaspec"
+# The mapping the next Settings() reads in place of os.environ (from_env's argument)
+_environ: ContextVar[Mapping[str, str] | None] = ContextVar("adaspec_environ", default=None)
 
 
-class Settings(BaseModel):
-    """Knobs with their defaults; `ADASPEC_<NAME>` overrides `<name>`."""
+def default_cache(xdg_cache_home: str | None = None) -> Path:
+    return Path(xdg_cache_home or Path.home() / ".cache") / "adaspec"
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
+class Settings(BaseSettings):
+    """Knobs with their defaults; `ADASPEC_<NAME>` overrides `<name>` (HOST fields: their own
+    variable), keyword arguments override both. Invalid values raise SettingsError."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, frozen=True, extra="forbid", populate_by_name=True
+    )
+
+    # The host environment (declared first: the cache default depends on XDG_CACHE_HOME)
+    xdg_cache_home: str | None = Field(None, validation_alias=HOST["xdg_cache_home"])
+    cc: str | None = Field(None, validation_alias=HOST["cc"])  # compiles the routed kernel
+    ld_library_path: str = Field("", validation_alias=HOST["ld_library_path"])  # finds MKL
     # Which BLAS to load into mlx on Linux: auto | routed | mkl | openblas | off | a path
     blas: str = "auto"
     # routed BLAS: the small-M kernel's instruction set: auto (AVX-512 where the CPU has it) |
     # avx512 | avx2
     kernel_isa: str = "auto"
-    cache: Path = Field(default_factory=default_cache)
+    cache: Path = Field(default_factory=lambda data: default_cache(data.get("xdg_cache_home")))
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
     rollback: str = "auto"
@@ -107,64 +120,121 @@ class Settings(BaseModel):
             raise ValueError(f"accepted: {', '.join(choices)}")
         return v
 
-    def check(self) -> Settings:
+    @model_validator(mode="after")
+    def _ordered(self) -> Settings:
         if self.gate_tie_p1 > self.gate_ar_p1:
-            raise SettingsError(
+            raise ValueError(
                 f"ADASPEC_GATE_TIE_P1={self.gate_tie_p1} is larger than ADASPEC_GATE_AR_P1="
                 f"{self.gate_ar_p1}; accepted: tie_p1 <= ar_p1"
             )
         if self.draft_min > self.draft_max:
-            raise SettingsError(
+            raise ValueError(
                 f"ADASPEC_DRAFT_MIN={self.draft_min} is larger than ADASPEC_DRAFT_MAX="
                 f"{self.draft_max}; accepted: min <= max"
             )
         if self.probe_backoff > self.probe_max_backoff:
-            raise SettingsError(
+            raise ValueError(
                 f"ADASPEC_PROBE_BACKOFF={self.probe_backoff} is larger than "
                 f"ADASPEC_PROBE_MAX_BACKOFF={self.probe_max_backoff}; accepted: backoff <= max"
             )
         if self.pld_min_ngram > self.pld_max_ngram:
-            raise SettingsError(
+            raise ValueError(
                 f"ADASPEC_PLD_MIN_NGRAM={self.pld_min_ngram} is larger than "
                 f"ADASPEC_PLD_MAX_NGRAM={self.pld_max_ngram}; accepted: min <= max"
             )
         return self
 
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(_explain(exc)) from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # arguments, then the environment; no .env file, no secrets directory
+        environ = _environ.get()
+        return init_settings, _Environ(settings_cls, os.environ if environ is None else environ)
+
     def as_env(self) -> dict[str, str]:
-        """The effective settings, keyed by environment variable name."""
-        return {PREFIX + k.upper(): str(v) for k, v in self.model_dump().items()}
+        """The effective ADASPEC_* settings, keyed by environment variable name."""
+        return {env_name(k): str(v) for k, v in self.model_dump().items() if k not in HOST}
+
+
+class _Environ(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping, which first rejects
+    ADASPEC_* names that are no setting (a typo would otherwise be ignored)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        _reject_unknown(self.environ, self.settings_cls.model_fields)
+        return {k.lower(): v for k, v in self.environ.items()}  # the source is case-insensitive
 
 
 def env_name(field: str) -> str:
-    return PREFIX + field.upper()
+    return HOST.get(field) or PREFIX + field.upper()
+
+
+def _reject_unknown(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> None:
+    known = [env_name(f) for f in fields if f not in HOST]
+    unknown = [k for k in environ if k.upper().startswith(PREFIX) and k.upper() not in known]
+    if not unknown:
+        return
+    import difflib
+
+    parts = []
+    for key in unknown:
+        # compared without the prefix, which every name shares
+        close = difflib.get_close_matches(
+            key[len(PREFIX) :].upper(), [k[len(PREFIX) :] for k in known], n=2
+        )
+        hint = f" (did you mean {' or '.join(PREFIX + c for c in close)}?)" if close else ""
+        parts.append(f"{key}={environ[key]!r}{hint}")
+    plural = "s" if len(unknown) > 1 else ""
+    raise SettingsError(
+        f"unknown environment variable{plural} {'; '.join(parts)}; known: {', '.join(known)}"
+    )
 
 
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-    """Build settings from ADASPEC_* variables (then `overrides`); unknown or bad values raise."""
-    environ = os.environ if environ is None else environ
-    fields = Settings.model_fields
-    values: dict[str, Any] = {}
-    for key, raw in environ.items():
-        if not key.startswith(PREFIX):
-            continue
-        name = key[len(PREFIX) :].lower()
-        if name not in fields:
-            known = ", ".join(env_name(f) for f in fields)
-            raise SettingsError(f"unknown environment variable {key}={raw!r}; known: {known}")
-        values[name] = raw
-    values.update({k: v for k, v in overrides.items() if v is not None})
+    """Settings from `environ` (default: the process environment) and `overrides` (None: not
+    given); unknown or bad values raise SettingsError."""
+    token = _environ.set(os.environ if environ is None else environ)
     try:
-        return Settings(**values).check()
-    except ValidationError as exc:
-        raise SettingsError(_explain(exc, values)) from None
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    finally:
+        _environ.reset(token)
 
 
-def _explain(exc: ValidationError, values: Mapping[str, Any]) -> str:
+def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        field = str(err["loc"][0]) if err["loc"] else "?"
-        raw = values.get(field, "<missing>")
-        parts.append(f"{env_name(field)}={raw!r} is invalid: {err['msg']}")
+        if err["type"] == "default_factory_not_called":  # the cache default, after another error
+            continue
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "bool_parsing":
+            msg = "accepted: true, false, 1, 0, yes, no, on, off"
+        if not err["loc"]:  # a rule across fields: its message names them
+            parts.append(msg)
+            continue
+        name = str(err["loc"][0])
+        if err["type"] == "extra_forbidden":  # a keyword argument that is no setting
+            known = ", ".join(f for f in Settings.model_fields)
+            parts.append(f"unknown setting {name}={err['input']!r}; known: {known}")
+            continue
+        var = name if name in HOST.values() else env_name(name)
+        sep = "; " if msg.startswith("accepted") else ": "
+        parts.append(f"{var}={err.get('input', '<missing>')!r} is invalid{sep}{msg}")
     return "; ".join(parts)
 
 

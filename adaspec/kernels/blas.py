@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..settings import get as get_settings
+
 ROUTED = "routed"
 FAST_KINDS = (ROUTED, "mkl", "openblas")
 CHOICES = ("auto", *FAST_KINDS, "off")
@@ -63,7 +65,7 @@ def _prefixes() -> list[Path]:
 
 def find_mkl() -> str | None:
     dirs = [p / "lib" for p in _prefixes()]
-    dirs += [Path(d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += [Path(d) for d in get_settings().ld_library_path.split(":") if d]
     for d in dirs:
         hits = sorted(glob.glob(str(d / "libmkl_rt.so*")))
         if hits:
@@ -134,7 +136,7 @@ def build_library(
     out = cache / "kernels" / f"adaspec_{source.stem}-{key}.so"
     if out.exists():
         return out
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = compiler or get_settings().cc or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError(f"no C compiler found to build {source.name} (set CC)")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,9 +269,7 @@ def setup(
             f"bundled reference BLAS (~20x slower) is in use; {FIX}",
         )
     if router is None:
-        from ..settings import default_cache
-
-        cache_dir = cache or default_cache()
+        cache_dir = cache or get_settings().cache
         router = lambda path, rows: route(path, cache_dir, rows, isa)  # noqa: E731
     if requested in FAST_KINDS or requested == "auto":
         order = FAST_KINDS if requested == "auto" else (requested,)
@@ -306,10 +306,7 @@ def ensure(requested: str | None = None) -> BlasStatus:
     """Run `setup` once per process (from ADASPEC_BLAS by default) and warn once if slow."""
     global _status
     if _status is None:
-        from ..settings import from_env
-
-        keys = ("ADASPEC_BLAS", "ADASPEC_CACHE", "ADASPEC_KERNEL_ISA")
-        settings = from_env({k: v for k, v in os.environ.items() if k in keys})
+        settings = get_settings()
         _status = setup(requested or settings.blas, cache=settings.cache, isa=settings.kernel_isa)
         if _status.warning:
             warnings.warn(_status.warning, RuntimeWarning, stacklevel=3)
