@@ -13,7 +13,7 @@ from pathlib import Path
 
 import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec.api import stream_generate
-from adaspec.bench import load_suite
+from adaspec.bench.suite import load_suite
 from adaspec.prompting import prompt_ids
 from adaspec.settings import from_env
 from adaspec.targets.loader import load

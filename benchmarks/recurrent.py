@@ -254,7 +254,7 @@ def accept_speed(arch: str, draft: int, n_tokens: int, reps: int) -> None:
     import mlx_lm
 
     from adaspec.api import stream_generate
-    from adaspec.bench import timed
+    from adaspec.bench.timing import timed
     from adaspec.policy.controller import AlwaysSpeculate
     from adaspec.settings import from_env
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tiny import byte_tokenizer, save_tiny, tiny_model
 
 from adaspec.bench import Prompt, markdown, run_suite
-from adaspec.bench_peer import PeerConfig, spec_counts
+from adaspec.bench.peer import PeerConfig, spec_counts
 from adaspec.cli import bench as cli_bench
 from adaspec.cli import main
 from adaspec.errors import GenerationArgumentError

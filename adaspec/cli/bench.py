@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .common import add_model_flags, drafter_spec, load_model, sampling_kwargs
-
-DEFAULT_SUITE = Path("..") / "shared" / "prompts" / "dev.jsonl"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark adaspec against mlx-lm AR on a prompt suite")
     add_model_flags(p)
-    p.add_argument("--suite", default=str(DEFAULT_SUITE), help="JSONL prompt suite")
+    p.add_argument(
+        "--suite",
+        default=None,
+        metavar="JSONL",
+        help="prompt suite, one JSON record a line (default: the suite shipped with adaspec)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and side")
     p.add_argument("--max-tokens", type=int, default=None, help="override each prompt's")
     p.add_argument("--category", action="append", default=[], help="only these categories")
@@ -51,7 +53,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import load_suite, markdown, run_suite, save
+    from ..bench import SHIPPED, load_suite, markdown, run_suite, save
     from ..errors import GenerationArgumentError
 
     if args.repeats < 1:
@@ -78,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         use_template=not args.ignore_chat_template,
         peer=peer,
     )
-    result["config"].update(model=args.model, suite=args.suite, max_tokens=args.max_tokens)
+    suite_name = args.suite or str(SHIPPED)
+    result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
     print(markdown(result["records"], result["summary"]))
     if args.json:
         save(result, args.json)
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 def _peer(args: argparse.Namespace, drafter: str):
     """The --peer configuration (its draft model loaded once and shared with the drafter);
     `drafter` is the spec in use (--drafter or the model's default)."""
-    from ..bench_peer import PeerConfig, check_peer
+    from ..bench.peer import PeerConfig, check_peer
     from ..drafters.draft_model import load_shared
     from ..drafters.registry import parse_spec
     from ..errors import GenerationArgumentError

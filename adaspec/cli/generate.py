@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import settings as settings_mod
     from ..api import stream_generate
-    from ..bench import timed
+    from ..bench.timing import timed
     from ..prompting import messages_for, prompt_ids
 
     settings = settings_mod.get()
@@ -78,7 +78,7 @@ def _compare(model, tokenizer, ids, args, spec, spec_text: str) -> None:
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    from ..bench import timed
+    from ..bench.timing import timed
 
     if args.seed is not None:
         import mlx.core as mx

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from .errors import GenerationArgumentError
+from ..errors import GenerationArgumentError
+from .timing import sampler, timed
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +70,6 @@ def make_runner(
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
-    from .bench import timed
-
     seed = sampler_kwargs.get("seed")
 
     def run(ids: list[int], max_tokens: int, k: int) -> Any:
@@ -91,16 +90,6 @@ def make_runner(
         return r
 
     return run
-
-
-def sampler(kw: dict, make_sampler: Callable[..., Any]) -> Any:
-    """mlx-lm's sampler for the bench's sampling flags (greedy at temp 0)."""
-    return make_sampler(
-        temp=kw.get("temp", 0.0),
-        top_p=kw.get("top_p", 0.0),
-        min_p=kw.get("min_p", 0.0),
-        top_k=kw.get("top_k", 0),
-    )
 
 
 def tune_k(

@@ -1,0 +1,74 @@
+"""Summaries of bench records (by category, grounded and open, overall), as JSON and as a
+markdown table."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict
+from pathlib import Path
+
+from .peer import peer_block
+from .timing import median
+
+
+def summarize(records: list[dict]) -> dict:
+    def block(rs: list[dict]) -> dict:
+        return {
+            "prompts": len(rs),
+            "median_speedup": round(median([r["speedup"] for r in rs]), 4),
+            "min_speedup": round(min((r["speedup"] for r in rs), default=0.0), 4),
+            "median_e2e_speedup": round(median([r["e2e_speedup"] for r in rs]), 4),
+            "mean_tau": round(statistics.fmean([r["tau"] for r in rs]), 4) if rs else 0.0,
+            "floored_fraction": round(median([r["floored_fraction"] for r in rs]), 4),
+            "identical": sum(r["identical"] for r in rs),
+            **peer_block(rs),
+        }
+
+    cats = sorted({r["category"] for r in records})
+    return {
+        "all": block(records),
+        "grounded": block([r for r in records if r["grounded"]]),
+        "open": block([r for r in records if not r["grounded"]]),
+        "by_category": {c: block([r for r in records if r["category"] == c]) for c in cats},
+    }
+
+
+def markdown(records: list[dict], summary: dict) -> str:
+    peer = "median_peer_speedup" in summary["all"]
+    head = "| category | prompts | AR tok/s | spec tok/s | speedup (median) | min | tau | floored "
+    head += "| identical |" + (" mlx-lm spec tok/s | peer vs AR | spec vs peer | peer tau |" * peer)
+    lines = [head, "|---" * (9 + 4 * peer) + "|"]
+
+    def peer_cols(b: dict, tps: str) -> str:
+        if not peer:
+            return ""
+        return (
+            f" {tps} | {b['median_peer_speedup']:.2f}x | {b['median_spec_vs_peer']:.2f}x "
+            f"| {b['peer_mean_tau']:.2f} |"
+        )
+
+    for cat, b in summary["by_category"].items():
+        rs = [r for r in records if r["category"] == cat]
+        ar = median([r["ar_tok_s"] for r in rs])
+        sp = median([r["spec_tok_s"] for r in rs])
+        pt = f"{median([r['peer_tok_s'] for r in rs]):.1f}" if peer else ""
+        lines.append(
+            f"| {cat} | {b['prompts']} | {ar:.1f} | {sp:.1f} | "
+            f"{b['median_speedup']:.2f}x | {b['min_speedup']:.2f}x | {b['mean_tau']:.2f} "
+            f"| {b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |" + peer_cols(b, pt)
+        )
+    for name in ("grounded", "open", "all"):
+        b = summary[name]
+        if b["prompts"]:
+            lines.append(
+                f"| **{name}** | {b['prompts']} | | | **{b['median_speedup']:.2f}x** | "
+                f"{b['min_speedup']:.2f}x | {b['mean_tau']:.2f} | "
+                f"{b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |"
+                + peer_cols(b, "")
+            )
+    return "\n".join(lines)
+
+
+def save(result: dict, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(result, indent=2, default=lambda o: asdict(o)))

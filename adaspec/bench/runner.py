@@ -1,0 +1,117 @@
+"""Side-by-side benchmark: mlx-lm's own AR and adaspec (and optionally mlx-lm's speculative
+decoding), interleaved per prompt in one process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..prompting import prompt_ids
+from .peer import PeerConfig, peer_fields, setup_peer
+from .report import summarize
+from .suite import Prompt
+from .timing import Run, median, sampler, timed
+
+Runner = Callable[[list[int], int], Run]
+
+
+def bench_prompt(
+    prompt: Prompt,
+    runners: dict[str, Runner],
+    ids: list[int],
+    repeats: int,
+    peer_k: int = 0,
+) -> dict:
+    """Time every runner ("ar", "spec", optionally "peer") on one prompt, interleaved A B C A B C
+    so drift hits all alike; medians over the repeats."""
+    runs: dict[str, list[Run]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, run in runners.items():
+            runs[name].append(run(ids, prompt.max_tokens))
+    ar, spec = runs["ar"], runs["spec"]
+    ar_tps = median([r.decode_tok_s for r in ar])
+    sp_tps = median([r.decode_tok_s for r in spec])
+    ar_e2e = median([len(r.tokens) / r.e2e_s for r in ar])
+    sp_e2e = median([len(r.tokens) / r.e2e_s for r in spec])
+    s = spec[-1].stats
+    ref, got = ar[0].tokens, spec[0].tokens
+    diverge = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    record = {
+        "id": prompt.id,
+        "category": prompt.category,
+        "grounded": prompt.grounded,
+        "prompt_tokens": len(ids),
+        "tokens": len(got),
+        "ar_tok_s": round(ar_tps, 2),
+        "spec_tok_s": round(sp_tps, 2),
+        "speedup": round(sp_tps / ar_tps, 4) if ar_tps else 0.0,
+        "ar_e2e_tok_s": round(ar_e2e, 2),
+        "spec_e2e_tok_s": round(sp_e2e, 2),
+        "e2e_speedup": round(sp_e2e / ar_e2e, 4) if ar_e2e else 0.0,
+        "tau": s.get("tau", 0.0),
+        "acceptance_rate": s.get("acceptance_rate", 0.0),
+        "acceptance_by_position": s.get("acceptance_by_position", []),
+        "floored_fraction": s.get("floored_fraction", 0.0),
+        "identical": ref == got,
+        "first_divergence": diverge if ref != got else None,
+        "repeats": repeats,
+    }
+    if "peer" in runs:
+        record.update(peer_fields(runs["peer"], ar, spec, peer_k))
+    return record
+
+
+def run_suite(
+    model: Any,
+    tokenizer: Any,
+    suite: list[Prompt],
+    *,
+    drafter: str,
+    repeats: int = 3,
+    max_tokens: int | None = None,
+    spec_kwargs: dict | None = None,
+    progress: bool = True,
+    use_template: bool = True,
+    peer: PeerConfig | None = None,
+) -> dict:
+    """Warm up, then per prompt interleave mlx-lm AR, adaspec and (with `peer`) mlx-lm's
+    speculative decoding; returns records + summary."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.sample_utils import make_sampler
+    from tqdm import tqdm
+
+    from ..api import stream_generate
+
+    spec_kwargs = dict(spec_kwargs or {})
+
+    def run_ar(ids: list[int], n: int) -> Run:
+        if spec_kwargs.get("seed") is not None:
+            mx.random.seed(spec_kwargs["seed"])
+        smp = sampler(spec_kwargs, make_sampler)
+        return timed(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=n, sampler=smp))
+
+    def run_spec(ids: list[int], n: int) -> Run:
+        return timed(
+            stream_generate(model, tokenizer, ids, drafter=drafter, max_tokens=n, **spec_kwargs)
+        )
+
+    prompts = [(p, prompt_ids(tokenizer, p.messages, use_template)) for p in suite]
+    if max_tokens is not None:
+        prompts = [
+            (Prompt(p.id, p.category, p.grounded, p.messages, max_tokens), ids)
+            for p, ids in prompts
+        ]
+    warm = prompts[0][1]
+    run_ar(warm, 16), run_spec(warm, 16)
+    runners: dict[str, Runner] = {"ar": run_ar, "spec": run_spec}
+    config = {"drafter": drafter, "repeats": repeats, **spec_kwargs}
+    peer_k = 0
+    if peer is not None:
+        runners["peer"], peer_k, config["peer"] = setup_peer(
+            peer, model, tokenizer, spec_kwargs, [ids for _, ids in prompts]
+        )
+    records = []
+    for p, ids in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
+        records.append(bench_prompt(p, runners, ids, repeats, peer_k))
+    return {"records": records, "summary": summarize(records), "config": config}

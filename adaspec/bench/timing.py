@@ -1,0 +1,54 @@
+"""Timing one generation from its response stream, the same way for mlx-lm and adaspec, and
+mlx-lm's sampler for the bench's sampling flags (the AR and peer columns share it)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Run:
+    """One timed generation: tokens, end-to-end and post-first-step decode rates."""
+
+    tokens: list[int]
+    e2e_s: float
+    decode_tok_s: float
+    stats: dict = field(default_factory=dict)
+
+
+def timed(stream: Iterable[Any]) -> Run:
+    """Consume a response stream. Decode rate counts the tokens after the first step, over the
+    time after the first step, so AR (1 token per step) and speculation are measured alike."""
+    t0 = time.perf_counter()
+    tokens: list[int] = []
+    t_first, first_step_tokens, last = None, 0, None
+    for r in stream:
+        tokens.append(r.token)
+        last = r
+        if t_first is None and (getattr(r, "step", None) is not None or not hasattr(r, "step")):
+            t_first, first_step_tokens = time.perf_counter(), len(tokens)
+    t_end = time.perf_counter()
+    if last is not None and last.finish_reason == "stop":
+        tokens = tokens[:-1] if last.text == "" else tokens  # EOS is not output
+    n_after = len(tokens) - first_step_tokens
+    dt = t_end - (t_first or t_end)
+    stats = last.stats.summary() if getattr(last, "stats", None) is not None else {}
+    return Run(tokens, t_end - t0, n_after / dt if dt > 0 and n_after > 0 else 0.0, stats)
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else 0.0
+
+
+def sampler(kw: dict, make_sampler: Callable[..., Any]) -> Any:
+    """mlx-lm's sampler for the bench's sampling flags (greedy at temp 0)."""
+    return make_sampler(
+        temp=kw.get("temp", 0.0),
+        top_p=kw.get("top_p", 0.0),
+        min_p=kw.get("min_p", 0.0),
+        top_k=kw.get("top_k", 0),
+    )
