@@ -41,6 +41,8 @@ static inline void put(float *c, float s, float alpha, float beta) {
   *c = beta == 0.f ? alpha * s : alpha * s + beta * *c; /* beta 0: C may hold garbage */
 }
 
+#define KEEP_M 4 /* rows above which the kernel holds B in registers (small_m.h) */
+
 static inline float dot_tail(const float *a, const float *b, int k, int K) {
   float s = 0.f;
   for (; k < K; k++) s += a[k] * b[k];
@@ -75,6 +77,7 @@ static inline float hsum8(__m256 v) { /* lanes i + i+4, then i + i+2, then i + i
 #define VLOADN(p, n) load8n(p, n)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum8(v)
+#define VKEEP(v) __asm__("" : "+x"(v)) /* v lives in a register here */
 #define FN(name) name##_avx2
 #include "small_m.h"
 
@@ -103,6 +106,7 @@ static inline float hsum16(__m512 v) { /* lanes i + i+8, then as hsum8 */
 #define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum16(v)
+#define VKEEP(v) __asm__("" : "+v"(v))
 #define FN(name) name##_avx512
 #include "small_m.h"
 #endif
