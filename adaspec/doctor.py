@@ -40,6 +40,22 @@ def _median_seconds(fn: Any, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
+def _median_run(fn: Any, repeats: int, warmup: int = 2) -> tuple[float, float | None]:
+    """(seconds, seconds of it inside routed GEMMs or None without the router) of the run
+    with the median time: a GEMM share taken from the same run as the time it divides."""
+    from .kernels import blas
+
+    for _ in range(warmup):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        g0, t = blas.routed_seconds(), time.perf_counter()
+        fn()
+        t, g1 = time.perf_counter() - t, blas.routed_seconds()
+        runs.append((t, None if g0 is None or g1 is None else sum(g1) - sum(g0)))
+    return sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+
+
 def gflops(n: int = 1024, repeats: int = 10) -> float:
     """Measured fp32 matmul throughput: n x n @ n x n, median of `repeats`."""
     import mlx.core as mx
@@ -53,11 +69,12 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
 
 def forward_times(
     model: Any, repeats: int = 7, context: int = CONTEXT, cache: list[Any] | None = None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Warm median milliseconds of forwards of each of SIZES tokens after `context` cached
-    tokens, the 16-token forward's cost in 1-token forwards, and per size the ratio, GFLOP/s
-    and weight GB/s (`per_size`). `cache`: an empty prompt cache to time on (a new one if
-    None); it is left holding the `context` prefilled tokens only."""
+    tokens, the 16-token forward's cost in 1-token forwards, and per size the ratio, GFLOP/s,
+    weight GB/s and (with the routed BLAS) ms inside GEMMs (`per_size`). `cache`: an empty
+    prompt cache to time on (a new one if None); it is left holding the `context` prefilled
+    tokens only."""
     import mlx.core as mx
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
@@ -83,11 +100,13 @@ def forward_times(
 
     from .kernels import roofline
 
-    times = {n: _median_seconds(step(n), repeats) * 1e3 for n in SIZES}
+    runs = {n: _median_run(step(n), repeats) for n in SIZES}
+    times = {n: t * 1e3 for n, (t, _) in runs.items()}
     ms = {f"forward_{n}_ms": t for n, t in times.items()}
     ratio = ms[f"forward_{VERIFY_TOKENS}_ms"] / ms["forward_1_ms"]
     nbytes, elements = roofline.weight_traffic(model)
-    per_size = roofline.rows(times, nbytes, elements)
+    gemm = {n: g * 1e3 for n, (_, g) in runs.items() if g is not None}
+    per_size = roofline.rows(times, nbytes, elements, gemm or None)
     return {
         "context": context,
         **ms,
@@ -145,6 +164,12 @@ def collect(
     return report
 
 
+def _gemm_columns(row: dict[str, Any]) -> str:
+    if row.get("gemm_ms") is None:
+        return ""
+    return f" {row['gemm_ms']:8.1f} {row['ms'] - row['gemm_ms']:9.1f}"
+
+
 def format_report(d: dict[str, Any]) -> str:
     """A human-readable rendering of `collect`'s result."""
     blas = d["blas"]
@@ -178,11 +203,11 @@ def format_report(d: dict[str, Any]) -> str:
             "the weight matmuls, GB/s of weights read",
             f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
             f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
-            "tokens     ms  ratio  GFLOP/s  weights GB/s",
+            "tokens     ms  ratio  GFLOP/s  weights GB/s  GEMM ms  other ms",
         ]
         lines += [
             f"{r['tokens']:6d} {r['ms']:6.1f} {r['ratio']:6.2f} {r['gflops']:8.1f} "
-            f"{r['weights_gbs']:13.1f}"
+            f"{r['weights_gbs']:13.1f}{_gemm_columns(r)}"
             for r in m["per_size"]
         ]
         if lim.get("read_gbs", 0) > 0:

@@ -1,6 +1,7 @@
 """Forward cost per number of token rows, against this machine's limits: ms per warm forward,
-its ratio to a 1-token step, GFLOP/s of the weight matmuls and GB/s of weights streamed, beside
-the measured memory bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
+its ratio to a 1-token step, GFLOP/s of the weight matmuls, GB/s of weights streamed and the ms
+inside GEMMs (the rest is mlx's other ops and their dispatch), beside the measured memory
+bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
 
     python benchmarks/forward_cost.py [--model smollm2-135m] [--context 200]
         [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--json out.json]
@@ -45,11 +46,16 @@ def main() -> None:
         f"peak {limits.peak_gflops:.0f} GFLOP/s on {limits.threads} threads; weights "
         f"{times['weight_bytes'] / 1e6:.0f} MB, streamed once in {stream_ms:.1f} ms"
     )
-    print("| tokens | ms | ratio to 1 | GFLOP/s | weights GB/s |\n|---|---|---|---|---|")
+    print(
+        "| tokens | ms | ratio to 1 | GFLOP/s | weights GB/s | GEMM ms | other ms |\n"
+        "|---|---|---|---|---|---|---|"
+    )
     for r in times["per_size"]:
+        g = r["gemm_ms"]
+        split = "- | -" if g is None else f"{g:.1f} | {r['ms'] - g:.1f}"
         print(
             f"| {r['tokens']} | {r['ms']:.1f} | {r['ratio']:.2f} | {r['gflops']:.1f} | "
-            f"{r['weights_gbs']:.1f} |"
+            f"{r['weights_gbs']:.1f} | {split} |"
         )
     print(f"1-token step / streaming the weights once: {times['forward_1_ms'] / stream_ms:.2f}x")
     if a.json:

@@ -136,18 +136,19 @@ assert blas.status().kind == "routed", blas.status()
 w = mx.random.normal((300, 70))
 for m in (1, 5, blas.KERNEL_ROWS, blas.KERNEL_ROWS + 1, 64):
     x = mx.random.normal((m, 70))
-    before = blas.routed_calls()
+    before, t0 = blas.routed_calls(), blas.routed_seconds()
     got = np.array(x @ w.T)
-    after = blas.routed_calls()
+    after, t1 = blas.routed_calls(), blas.routed_seconds()
     np.testing.assert_allclose(got, np.array(x) @ np.array(w).T, rtol=1e-4, atol=1e-4)
-    print(m, after[0] - before[0], after[1] - before[1])
+    timed = [int(b > a) for a, b in zip(t0, t1)]  # the time went where the call went
+    print(m, after[0] - before[0], after[1] - before[1], *timed)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     lines = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     small, big = blas.KERNEL_ROWS, blas.KERNEL_ROWS + 1
-    assert [lines[str(m)] for m in (1, 5, small)] == ["1 0"] * 3
-    assert [lines[str(m)] for m in (big, 64)] == ["0 1"] * 2
+    assert [lines[str(m)] for m in (1, 5, small)] == ["1 0 1 0"] * 3
+    assert [lines[str(m)] for m in (big, 64)] == ["0 1 0 1"] * 2
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

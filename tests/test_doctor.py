@@ -10,6 +10,7 @@ from gguf_fixtures import write_tiny_gguf
 import adaspec  # noqa: F401  (loads the fast BLAS before mlx)
 from adaspec import doctor
 from adaspec.cli import main
+from adaspec.kernels import blas
 
 
 @pytest.fixture
@@ -47,10 +48,13 @@ def test_collect_with_a_model(tmp_path, cache):
         assert r["ms"] == m[f"forward_{r['tokens']}_ms"]
         assert r["ratio"] == pytest.approx(r["ms"] / m["forward_1_ms"])
         assert r["weights_gbs"] == pytest.approx(m["weight_bytes"] / r["ms"] / 1e6)
+        if blas.routed_seconds() is not None:  # the GEMMs' share of the same forward
+            assert 0 < r["gemm_ms"] < r["ms"]
     lim = d["limits"]
     assert lim["read_gbs"] > 0 and lim["triad_gbs"] > 0 and lim["peak_gflops"] > 0
     text = doctor.format_report(d)
     assert "verify cost" in text and "roofline" in text and "GB/s" in text
+    assert ("GEMM ms" in text) == (blas.routed_seconds() is not None)
 
 
 class _Recording:

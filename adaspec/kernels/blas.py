@@ -204,11 +204,23 @@ def kernel_isa() -> str | None:
 def routed_calls() -> tuple[int, int] | None:
     """fp32 GEMM calls the router sent to its kernels and to the BLAS library; None if no
     router is loaded."""
+    counts = _routed()
+    return None if counts is None else (counts[0], counts[1])
+
+
+def routed_seconds() -> tuple[float, float] | None:
+    """Seconds spent so far in the GEMMs the router sent to its kernels and to the BLAS
+    library (what part of a forward is matrix products); None if no router is loaded."""
+    counts = _routed()
+    return None if counts is None else (counts[2] / 1e9, counts[3] / 1e9)
+
+
+def _routed() -> list[int] | None:
     if _router is None:
         return None
-    out = (ctypes.c_ulong * 2)()
+    out = (ctypes.c_ulong * 4)()
     _router.adaspec_blas_routed(out)
-    return int(out[0]), int(out[1])
+    return [int(v) for v in out]
 
 
 class _Unavailable(Exception):

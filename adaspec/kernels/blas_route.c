@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 #define NN_MAX (1L << 20) /* B elements up to which a non-transposed B stays on one thread */
@@ -33,7 +34,8 @@ static sgemm_fn wide_sgemm;
 static dgemm_fn wide_dgemm;
 static cgemm_fn wide_cgemm;
 static int own_rows = 0;
-static unsigned long routed[2]; /* calls sent to: the kernels, the library */
+static unsigned long routed[2];     /* calls sent to: the kernels, the library */
+static atomic_ulong routed_ns[2];   /* and the time they took, so a forward's GEMM share is known */
 
 /* ---- the small-M kernel: C[m][n] = alpha * dot(A[m], B[n]) + beta * C[m][n] ---------- */
 
@@ -311,10 +313,18 @@ int adaspec_blas_route(sgemm_fn sgemm, dgemm_fn dgemm, cgemm_fn cgemm, int kerne
   return HAVE_KERNEL;
 }
 
-/* fp32 GEMM calls so far: to the kernels, to the library */
+/* fp32 GEMM calls so far: to the kernels, to the library; then nanoseconds spent in each */
 void adaspec_blas_routed(unsigned long *out) {
   out[0] = routed[0];
   out[1] = routed[1];
+  out[2] = atomic_load(&routed_ns[0]);
+  out[3] = atomic_load(&routed_ns[1]);
+}
+
+static inline unsigned long now_ns(void) { /* ~20 ns through the vDSO, per GEMM call */
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (unsigned long)t.tv_sec * 1000000000ul + (unsigned long)t.tv_nsec;
 }
 
 /* the kernels alone, for tests: C = alpha * A B^T (trans_b) or A B, + beta * C */
@@ -328,17 +338,19 @@ void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const 
 
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
+  unsigned long t = now_ns();
+  int to = 0;
   if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS) {
-    routed[0]++;
     kernel(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
-    routed[0]++;
     rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
-    routed[1]++;
+    to = 1;
     wide_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  routed[to]++;
+  atomic_fetch_add(&routed_ns[to], now_ns() - t);
 }
 
 void cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a,

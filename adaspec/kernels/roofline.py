@@ -48,9 +48,12 @@ def weight_traffic(model: Any) -> tuple[int, int]:
     return nbytes, elements
 
 
-def rows(ms: dict[int, float], nbytes: int, elements: int) -> list[dict[str, float]]:
+def rows(
+    ms: dict[int, float], nbytes: int, elements: int, gemm_ms: dict[int, float] | None = None
+) -> list[dict[str, float | None]]:
     """Per token-row count M: ms per forward, its ratio to M = 1, the GFLOP/s of the weight
-    matmuls (2 flops per weight element and row) and the GB/s of weights streamed."""
+    matmuls (2 flops per weight element and row), the GB/s of weights streamed, and the ms
+    of the forward spent inside GEMMs (None when not measured)."""
     base = ms[min(ms)]
     return [
         {
@@ -59,6 +62,7 @@ def rows(ms: dict[int, float], nbytes: int, elements: int) -> list[dict[str, flo
             "ratio": t / base,
             "gflops": 2 * elements * m / t / 1e6,
             "weights_gbs": nbytes / t / 1e6,
+            "gemm_ms": None if gemm_ms is None else gemm_ms.get(m),
         }
         for m, t in sorted(ms.items())
     ]
