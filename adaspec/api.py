@@ -13,13 +13,8 @@ import numpy as np
 from . import settings as settings_mod
 from .drafters.base import DraftModel
 from .errors import DrafterMismatchError, GenerationArgumentError
-from .policy.controller import (
-    DecodeConfig,
-    Decoder,
-    NeverSpeculate,
-    SpecPolicy,
-    decode,
-)
+from .policy.controller import DecodeConfig, Decoder, decode
+from .policy.plan import NeverSpeculate, SpecPolicy
 from .policy.stats import GenerationStats, StepStats
 from .sampling_params import SamplingParams
 from .targets import make_target
@@ -67,26 +62,35 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int] | mx.array) -> lis
     return ids
 
 
-def resolve_drafter(
-    drafter: str | DraftModel | None, info: Any, settings: settings_mod.Settings
-) -> DraftModel | None:
+Drafters = str | DraftModel | Sequence[str | DraftModel] | None
+
+
+def resolve_drafters(
+    drafter: Drafters, info: Any, settings: settings_mod.Settings
+) -> list[DraftModel]:
+    """The arms `drafter` names: a spec ("pld", "pld+dflash:DIR", "auto", "none"), a
+    DraftModel, or a list of either; checked against the target's vocabulary."""
     from .drafters import registry
 
     if drafter is None:
-        return None
-    d = registry.make(drafter, info, settings) if isinstance(drafter, str) else drafter
-    if d is not None and d.vocab_size is not None and d.vocab_size != info.vocab_size:
-        raise DrafterMismatchError(
-            f"drafter {d.name!r} has vocabulary size {d.vocab_size}, the target has "
-            f"{info.vocab_size}; accepted: a drafter over the target's vocabulary"
-        )
-    return d
+        return []
+    items = [drafter] if isinstance(drafter, str) or not isinstance(drafter, Sequence) else drafter
+    arms: list[DraftModel] = []
+    for item in items:
+        arms += registry.make_arms(item, info, settings) if isinstance(item, str) else [item]
+    for d in arms:
+        if d.vocab_size is not None and d.vocab_size != info.vocab_size:
+            raise DrafterMismatchError(
+                f"drafter {d.name!r} has vocabulary size {d.vocab_size}, the target has "
+                f"{info.vocab_size}; accepted: a drafter over the target's vocabulary"
+            )
+    return arms
 
 
-def default_policy(drafter: DraftModel | None, settings: settings_mod.Settings) -> SpecPolicy:
+def default_policy(arms: Sequence[DraftModel], settings: settings_mod.Settings) -> SpecPolicy:
     """Gated (per ADASPEC_GATE; "off" never floors) with adaptive draft length when there is a
     drafter; plain AR otherwise."""
-    if drafter is None:
+    if not arms:
         return NeverSpeculate()
     from .policy.adaptive import GatedPolicy, PolicyConfig
 
@@ -115,7 +119,7 @@ def stream_generate(
     tokenizer: Any,
     prompt: str | Sequence[int] | mx.array,
     *,
-    drafter: str | DraftModel | None = None,
+    drafter: Drafters = None,
     max_tokens: int = 256,
     temp: float = 0.0,
     top_p: float = 0.0,
@@ -128,8 +132,9 @@ def stream_generate(
     policy: SpecPolicy | None = None,
     settings: settings_mod.Settings | None = None,
 ) -> Iterator[Response]:
-    """Generate like `mlx_lm.stream_generate`, speculating with `drafter` (a DraftModel, a
-    registry spec such as "pld" or "dflash:DIR", or None for plain AR). Output is the target's."""
+    """Generate like `mlx_lm.stream_generate`, speculating with `drafter`: a DraftModel, a
+    registry spec such as "pld", "dflash:DIR" or "pld+dflash" (several arms, the policy picks
+    one per step), a list of those, or None for plain AR. Output is the target's."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise GenerationArgumentError(f"max_tokens={max_tokens!r} is invalid; accepted: >= 1")
     if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
@@ -143,15 +148,15 @@ def stream_generate(
     params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(
         target.info.vocab_size
     )
-    d = resolve_drafter(drafter, target.info, settings)
+    arms = resolve_drafters(drafter, target.info, settings)
     cfg = DecodeConfig(
         max_tokens=max_tokens,
         sampling=params,
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
     )
-    pol = policy or default_policy(d, settings)
-    decoder = Decoder(target, d, cfg, pol, np.random.default_rng(seed))
+    pol = policy or default_policy(arms, settings)
+    decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed))
     yield from _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
 
 

@@ -24,10 +24,10 @@ SUITE = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
 class Timed(GatedPolicy):
     spent = 0.0
 
-    def max_draft(self) -> int:
+    def plan(self):
         t = time.perf_counter()
         try:
-            return super().max_draft()
+            return super().plan()
         finally:
             Timed.spent += time.perf_counter() - t
 

@@ -224,7 +224,6 @@ class ControlledDrafter:
 
     name = "controlled"
     needs_taps: tuple[int, ...] = ()
-    cheap_draft = False
     vocab_size = None
 
     def __init__(self, reference: list[int], n_prompt: int, draft: int, accept: int):

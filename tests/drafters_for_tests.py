@@ -14,7 +14,6 @@ class ListDrafter:
 
     name = "scripted"
     needs_taps: tuple[int, ...] = ()
-    cheap_draft = False
     vocab_size = None
 
     def __init__(self) -> None:
@@ -36,8 +35,6 @@ class ScriptedDrafter(ListDrafter):
     of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place.
     "overlong" drafts are right as far as `reference` goes but 1 + length tokens longer than
     ctx.max_draft; `overlong` records the first: (its length, ctx.max_draft, tokens committed)."""
-
-    cheap_draft = True  # the controller may peek while floored
 
     def __init__(self, program, reference, n_prompt: int, vocab: int):
         super().__init__()
@@ -62,7 +59,7 @@ class ScriptedDrafter(ListDrafter):
         if mode == "overlong" and self.overlong is None:
             self.overlong = (k, ctx.max_draft, len(self.tokens))
         if mode == "oracle" or mode == "overlong":
-            return Draft(tuple(truth), strong=True)  # may lift a floor (cheap_draft)
+            return Draft(tuple(truth), strong=True)  # may lift a floor (its drafts are free)
         if mode == "random":
             return Draft(tuple(int(x) for x in rng.integers(0, self.vocab, k)))
         if mode == "corrupt" and k:

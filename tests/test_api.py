@@ -58,17 +58,16 @@ def test_custom_drafter_from_the_docs_runs_and_is_lossless(tiny, tokenizer):
     spec.loader.exec_module(module)
     assert len(path.read_text().splitlines()) <= 40
     assert path.read_text().strip() in (ROOT / "docs" / "drafters.md").read_text()
-    rs = list(
-        adaspec.stream_generate(tiny, tokenizer, PROMPT, max_tokens=30, drafter="last-follower:3")
-    )
     ref = mlx_lm.generate(tiny, tokenizer, PROMPT, max_tokens=30)
-    assert "".join(r.text for r in rs) == ref
-    assert rs[-1].stats.drafted > 0
+    for spec in ("last-follower:max_len=3", "pld+last-follower"):
+        rs = list(adaspec.stream_generate(tiny, tokenizer, PROMPT, max_tokens=30, drafter=spec))
+        assert "".join(r.text for r in rs) == ref and rs[-1].stats.drafted > 0
+    assert rs[-1].stats.arm_names == ["pld", "last-follower"]
 
 
 def test_entry_point_drafters_are_discovered(monkeypatch, tiny, tokenizer):
     class EP:
-        name, value = "ep-pld", "adaspec.drafters.pld:factory"
+        name, value = "ep-pld", "adaspec.drafters.pld:ENTRY"
 
     monkeypatch.setattr(registry, "entry_points", lambda group: [EP()])
     monkeypatch.setattr(registry, "_entry_points_loaded", False)

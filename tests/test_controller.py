@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from strategies import prompts, step_program
 from tiny import VOCAB, ar_greedy
 
-from adaspec.drafters.base import Draft, DraftContext
+from adaspec.drafters.base import Draft
 from adaspec.errors import DrafterError
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
@@ -18,7 +18,7 @@ from adaspec.policy.controller import (
     NeverSpeculate,
     decode,
 )
-from adaspec.policy.stats import StepStats
+from adaspec.policy.plan import Plan
 from adaspec.targets.kv import KVTarget
 
 
@@ -118,95 +118,30 @@ def test_gates_never_change_the_greedy_output(tiny, prompt, max_tokens, program,
     assert drafter.tokens == prompt + out
 
 
-class _SplitBudget(AlwaysSpeculate):
-    """Costly drafts capped at 1 token, cheap ones at 5."""
+class _Caps(AlwaysSpeculate):
+    """Arm 0 may draft 1 token, arm 1 five, asked in that order."""
 
-    def max_draft(self) -> int:
-        return 1
-
-    def max_cheap_draft(self) -> int:
-        return 5
+    def plan(self) -> Plan:
+        return Plan(((0, 1), (1, 5)))
 
 
-class _Fixed(ScriptedDrafter):
-    def __init__(self, reference, n_prompt, cheap):
-        super().__init__([("oracle", 5, 0)], reference, n_prompt, VOCAB)
-        self.cheap = cheap
-
+class _Empty(ScriptedDrafter):
     def draft(self, ctx):
-        assert ctx.max_draft <= 1 and ctx.cheap_cap <= 5
-        d = super().draft(DraftContext(ctx.tokens, ctx.cheap_cap))
-        return Draft(d.tokens, cheap=self.cheap)
+        assert ctx.max_draft <= 1
+        return Draft()
 
 
-def test_a_cheap_draft_gets_its_own_budget_and_a_costly_one_is_held_to_max_draft(tiny):
+def test_arms_are_asked_in_order_each_within_its_own_cap(tiny):
     prompt = [1, 2, 3]
     ref = ar_greedy(tiny, prompt, 12)
-    dec = Decoder(KVTarget(tiny), _Fixed(ref, 3, True), DecodeConfig(max_tokens=12), _SplitBudget())
+    first = _Empty([("oracle", 5, 0)], ref, 3, VOCAB)
+    second = ScriptedDrafter([("oracle", 5, 0)], ref, 3, VOCAB)
+    dec = Decoder(KVTarget(tiny), [first, second], DecodeConfig(max_tokens=12), _Caps())
     assert [e.token for e in decode(dec, prompt)] == ref
-    assert dec.stats.steps == 2  # 5 drafted + bonus, twice
-    dec = Decoder(
-        KVTarget(tiny), _Fixed(ref, 3, False), DecodeConfig(max_tokens=12), _SplitBudget()
-    )
+    assert dec.stats.steps == 2  # arm 1: 5 drafted + bonus, twice
+    assert dec.stats.by_arm["scripted#1"]["drafted"] == 10 and "scripted#0" not in dec.stats.by_arm
+    assert first.tokens == second.tokens == prompt + ref  # both arms saw every commit
+    greedy = ScriptedDrafter([("overlong", 3, 0)], ref, 3, VOCAB)  # 1 + 1 + 3 tokens
+    dec = Decoder(KVTarget(tiny), [greedy, second], DecodeConfig(max_tokens=12), _Caps())
     with pytest.raises(DrafterError, match="proposed 5 tokens; at most 1 allowed"):
         list(decode(dec, prompt))
-
-
-def test_the_policy_prices_cheap_and_costly_drafts_apart():
-    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
-    for _ in range(3):
-        pol.observe(StepStats(0, 0, 1, False, 0.0, 0.05, 0.0))
-    for _ in range(10):  # free copies, all accepted
-        pol.observe(StepStats(8, 8, 9, True, 1e-4, 0.09, 0.0, cheap=True))
-    assert pol.length.accept == () and pol.cheap_length.accept[0] > 0.9
-    for _ in range(10):  # a model drafter: 0.04 s per token, mostly rejected
-        pol.observe(StepStats(2, 0, 1, True, 0.08, 0.06, 0.0))
-    assert pol.max_draft() < pol.max_cheap_draft()
-    assert pol.cheap_length.draft_cost < 1e-3 < pol.length.draft_cost
-
-
-def test_cheap_drafts_give_way_when_the_costly_ones_commit_more_per_second():
-    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
-    for _ in range(3):
-        pol.observe(StepStats(0, 0, 1, False, 0.0, 0.05, 0.0))
-    for _ in range(6):  # free copies, always rejected at once
-        pol.observe(StepStats(3, 0, 1, True, 1e-4, 0.07, 0.0, cheap=True))
-    assert pol.max_cheap_draft() > 0  # no costly draft judged yet: nothing to compare
-    allowed = []
-    for _ in range(16):  # a model drafter: 0.02 s per token, all accepted
-        pol.observe(StepStats(3, 3, 4, True, 0.06, 0.07, 0.0))
-        allowed.append(pol.max_cheap_draft())
-    # cheap drafts only on exploration steps (every 8th), so their estimate stays fresh
-    assert sum(a > 0 for a in allowed) == 2 and pol.max_draft() >= 3
-
-
-def test_costly_drafts_are_held_back_while_plain_steps_beat_them_and_cheap_ones_go_on():
-    """auto with a weak model drafter: once plain steps are expected to commit more per second
-    than its drafts, costly drafts stop (cheap ones do not) and come back as probes on the
-    floor's growing backoff; the drafter alone (no cheap drafts seen) is left to the gates."""
-    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
-    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
-    plain = StepStats(0, 0, 1, False, 0.0, 0.05, 0.0)
-    for _ in range(3):
-        pol.observe(plain)
-    for _ in range(4):  # copies: good
-        pol.observe(StepStats(4, 4, 5, True, 1e-4, 0.08, 0.0, cheap=True))
-    weak = StepStats(2, 0, 1, True, 0.04, 0.07, 0.0)  # 1 token in 0.11 s: AR does 1 in 0.05
-    pol.observe(weak)
-    assert pol.max_draft() == 0 and pol.max_cheap_draft() > 0 and not pol.floor.floored
-    waits = []
-    for _ in range(4):  # each probe loses: 4, 8, 16, 32 non-costly steps before the next
-        n = 0
-        while pol.max_draft() == 0:
-            pol.observe(plain)
-            n += 1
-        waits.append(n)
-        pol.observe(weak)
-    assert waits == [4, 8, 16, 32] and pol.costly_floor.floors == 5
-    # the losing probes were judged by the costly floor alone: the copies were never floored
-    assert pol.floor.floors == 0 and pol.max_cheap_draft() > 0
-    alone = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
-    for _ in range(3):
-        alone.observe(plain)
-    alone.observe(weak)
-    assert alone.max_draft() > 0 and alone.costly_floor.floors == 0  # the commit gate's call

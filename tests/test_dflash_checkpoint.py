@@ -156,7 +156,9 @@ def test_factory_arguments(ckpt):
     assert (d.block, d.window, d.sink) == (4, 64, 4)
     d = make(f"dflash:{ckpt},block=3,window=16,sink=0", info, s)
     assert (d.block, d.window, d.sink) == (3, 16, 0)
-    with pytest.raises(DrafterError, match=r"'blok=3' is invalid; accepted: block=<int>"):
+    with pytest.raises(
+        DrafterError, match=r"dflash argument blok='3' is invalid; accepted: block=<int>"
+    ):
         make(f"dflash:{ckpt},blok=3", info, s)
     with pytest.raises(DrafterError, match="block=1 is invalid"):
         make(f"dflash:{ckpt},block=1", info, s)

@@ -277,22 +277,23 @@ def test_rejection_sampling_accepts_more_than_sample_and_match():
     assert rs > sm + 0.2, (rs, sm)
 
 
-def test_auto_falls_back_to_a_draft_model_and_stays_lossless(tmp_path):
-    """auto:draft-model:DIR: PLD (cheap) on a long enough match, the small model otherwise."""
-    from adaspec.drafters.auto import AutoDrafter
+def test_auto_puts_pld_in_front_of_a_draft_model_and_stays_lossless(tmp_path):
+    """auto:draft-model:DIR: PLD on a long enough match, the small model otherwise."""
+    from adaspec.drafters.pld import PromptLookup
     from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 
     folder = save_tiny(DRAFTS["qwen3", 300], TOK, tmp_path / "draft")
     s = from_env({}, cache=str(tmp_path / "cache"))
     target = TARGETS["qwen3"]
     info = target_info(target, TOK)
-    d = registry.make(f"auto:draft-model:{folder},min_p1=0.2,min_match=2", info, s)
-    assert isinstance(d, AutoDrafter) and isinstance(d.fallback, DraftLM)
-    assert d.min_match == 2 and d.fallback.min_p1 == 0.2
+    pld, lm = registry.make_arms(f"auto:draft-model:{folder},min_p1=0.2,min_match=2", info, s)
+    assert isinstance(pld, PromptLookup) and isinstance(lm, DraftLM)
+    assert pld.min_ngram == 2 and lm.min_p1 == 0.2
     prompt = [5, 6, 7, 8, 9, 10, 11] * 3 + [40, 41]
-    dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=30), GatedPolicy(PolicyConfig()))
+    pol = GatedPolicy(PolicyConfig())
+    dec = Decoder(KVTarget(target), [pld, lm], DecodeConfig(max_tokens=30), pol)
     out = [e.token for e in decode(dec, prompt)]
     assert out == ar_greedy(target, prompt, 30)
-    assert d.used["draft-model"] > 0 and d.pld.tokens == d.fallback.tokens == prompt + out
+    assert dec.stats.by_arm["draft-model"]["steps"] > 0 and pld.tokens == prompt + out
     with pytest.raises(DrafterError, match="PLD already comes first"):
         registry.make("auto:pld", info, s)

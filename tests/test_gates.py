@@ -19,6 +19,13 @@ E = gates.EntropyConfig()
 T_AR = 0.010
 
 
+def one_arm(cfg):
+    """A GatedPolicy over a single drafter."""
+    pol = GatedPolicy(cfg)
+    pol.start(["d"])
+    return pol
+
+
 def run_commit(ratios, cfg=C):
     """Feed steps with the given commit ratios; return the index of the first floor or None."""
     s = gates.CommitState()
@@ -72,10 +79,14 @@ def test_slow_warmup_then_tau_14_does_not_floor():
 
 
 def test_disabled_gates_never_fire():
-    pol = GatedPolicy(PolicyConfig(entropy=None, commit=None))
+    pol = one_arm(PolicyConfig(entropy=None, commit=None))
     for i in range(200):
-        assert pol.max_draft() > 0
-        pol.observe(StepStats(8, 0, 1, True, 0.1, 1.0, 0.0, i + 10, p1=0.01))
+        assert not pol.plan().plain
+        pol.observe(
+            StepStats(
+                drafted=8, committed=1, arm=0, draft_s=0.1, verify_s=1.0, context=i + 10, p1=0.01
+            )
+        )
     assert pol.floor.floors == 0
 
 
@@ -95,18 +106,26 @@ def test_entropy_sustained_low_confidence_floors():
 
 
 def plain(ctx, t=T_AR):
-    return StepStats(0, 0, 1, False, 0.0, t, 0.0, ctx)
+    return StepStats(committed=1, verify_s=t, context=ctx)
 
 
 def spec(ctx, committed, t, p1=0.99):
-    return StepStats(8, committed - 1, committed, True, 0.0, t, 0.0, ctx, p1)
+    return StepStats(
+        drafted=8,
+        accepted=committed - 1,
+        committed=committed,
+        arm=0,
+        verify_s=t,
+        context=ctx,
+        p1=p1,
+    )
 
 
 def drive(pol, n_steps, spec_step):
     """Run the policy for n steps; record 'A' (plain) or 'S' (speculative) per step."""
     trace, ctx = [], 100
     for _ in range(n_steps):
-        if pol.max_draft() == 0:
+        if pol.plan().plain:
             pol.observe(plain(ctx))
             trace.append("A")
         else:
@@ -131,7 +150,7 @@ def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
         commit=gates.CommitConfig(sustain=sustain, warmup=warmup),
         probe=gates.ProbeConfig(backoff=1000, max_backoff=1000),
     )
-    pol = GatedPolicy(cfg)
+    pol = one_arm(cfg)
     trace = drive(pol, 60, lambda ctx: spec(ctx, 1, T_AR * slow, p1))
     first_spec = trace.index("S")
     n_spec = trace[first_spec:].index("A")  # speculative steps until the first floor
@@ -155,7 +174,7 @@ def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
 def test_probes_follow_the_backoff_schedule(env, want):
     probe = {f"ADASPEC_PROBE_{k}": v for k, v in env.items()}
     cfg = PolicyConfig.from_settings(from_env({"ADASPEC_GATE": "commit", **probe}))
-    pol = GatedPolicy(replace(cfg, t_ar_refresh=1e6))
+    pol = one_arm(replace(cfg, t_ar_refresh=1e6))
     trace = drive(pol, 1000, lambda ctx: spec(ctx, 1, T_AR * 4))  # always losing
     runs = [len(r) for r in trace.strip("A").split("S") if r]  # plain runs between probes
     assert runs[: len(want)] == want
@@ -164,7 +183,7 @@ def test_probes_follow_the_backoff_schedule(env, want):
 
 def test_a_winning_probe_resets_the_backoff():
     probe = gates.ProbeConfig(backoff=2, growth=2, max_backoff=64, probe_len=3)
-    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    pol = one_arm(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
     drive(pol, 40, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert pol.floor.backoff > 2
     drive(pol, 200, lambda ctx: spec(ctx, 6, T_AR * 1.5))  # now speculation wins
@@ -172,7 +191,7 @@ def test_a_winning_probe_resets_the_backoff():
 
 
 def test_t_ar_is_remeasured_as_the_context_grows():
-    pol = GatedPolicy(PolicyConfig(entropy=None, t_ar_refresh=0.25))
+    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=0.25))
     trace = drive(pol, 400, lambda ctx: spec(ctx, 4, T_AR * 1.5))
     assert trace.startswith("AAS") and trace.count("A") >= 4  # 100 -> 500 tokens: re-measured
     assert pol.floor.floors == 0
@@ -203,7 +222,7 @@ def test_settings_map_onto_the_policy():
 
 def test_a_losing_probe_refloors_after_one_speculative_step():
     probe = gates.ProbeConfig(backoff=3, growth=2, max_backoff=64, probe_len=4)
-    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    pol = one_arm(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
     trace = drive(pol, 80, lambda ctx: spec(ctx, 1, T_AR * 1.5))  # ratio 0.67 < margin
     first_floor = trace.index("A", trace.index("S"))
     probes = trace[first_floor:].strip("A").split("A")
@@ -213,12 +232,12 @@ def test_a_losing_probe_refloors_after_one_speculative_step():
 
 
 def test_a_strong_candidate_lifts_the_floor_into_a_probe():
-    pol = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50)))
+    pol = one_arm(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50)))
     drive(pol, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
-    assert pol.floor.floored and pol.plain_ahead() > 1
+    assert pol.floor.floored and pol.plan().plain_ahead >= 1
     assert pol.lift() and not pol.floor.floored and pol.floor.probing
     assert pol.lifts == 1 and not pol.lift()  # nothing to lift when not floored
-    off = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
+    off = one_arm(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
     drive(off, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert not off.lift() and off.floor.floored
 
@@ -268,9 +287,11 @@ def test_ar_clock_reads_the_median_of_recent_plain_steps():
 
     clock = ArClock()
     for i, t in enumerate([0.9, 0.35, 0.2, 0.2, 0.2, 0.06]):  # cold first, long, steady, short
-        clock.observe(StepStats(0, 0, 1, False, 0.0, t, 0.0, 100 + i))
+        clock.observe(StepStats(committed=1, verify_s=t, context=100 + i))
     assert clock.t_ar == 0.2 and clock.context == 105
-    clock.observe(StepStats(3, 3, 4, True, 0.1, 0.5, 0.0, 110))  # speculative: ignored
+    clock.observe(
+        StepStats(drafted=3, accepted=3, committed=4, arm=0, draft_s=0.1, verify_s=0.5, context=110)
+    )  # speculative: ignored
     assert clock.t_ar == 0.2 and clock.context == 105
 
 
@@ -280,9 +301,9 @@ def test_one_time_drafter_setup_is_not_held_against_speculating():
     cfg = PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1, probe_len=2))
 
     def probe_result(setup_s):
-        pol = GatedPolicy(cfg)
+        pol = one_arm(cfg)
         ctx = 100
-        while pol.max_draft() == 0:  # t_ar measurement
+        while pol.plan().plain:  # t_ar measurement
             pol.observe(plain(ctx))
             ctx += 1
         for _ in range(12):  # a hopeless drafter floors
@@ -293,7 +314,16 @@ def test_one_time_drafter_setup_is_not_held_against_speculating():
         while pol.floor.floored:
             pol.observe(plain(ctx))
             ctx += 1
-        s = StepStats(4, 3, 4, True, 2.5 * T_AR, 2.5 * T_AR, 0.0, ctx, setup_s=setup_s)
+        s = StepStats(
+            drafted=4,
+            accepted=3,
+            committed=4,
+            arm=0,
+            draft_s=2.5 * T_AR,
+            verify_s=2.5 * T_AR,
+            context=ctx,
+            setup_s=setup_s,
+        )
         pol.observe(s)  # the probe's first step: 4 tokens in 5 plain steps' time
         return pol.floor.probes_lost
 

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from adaspec.drafters.base import DraftContext
-from adaspec.drafters.pld import PromptLookup, factory
+from adaspec.drafters.pld import PromptLookup
+from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
 from adaspec.settings import Settings
 
@@ -76,10 +77,10 @@ def test_bad_knobs_are_rejected_with_names():
     with pytest.raises(DrafterError, match="draft_len"):
         PromptLookup(2, 1, 0)
     with pytest.raises(DrafterError, match="accepted: max_ngram"):
-        factory("bogus=1", None, Settings())
-    with pytest.raises(DrafterError, match="not a int"):
-        factory("max_ngram=x", None, Settings())
-    assert factory("max_ngram=5,draft_len=4", None, Settings()).max_ngram == 5
+        make("pld:bogus=1", None, Settings())
+    with pytest.raises(DrafterError, match="max_ngram='x' is not an integer"):
+        make("pld:max_ngram=x", None, Settings())
+    assert make("pld:max_ngram=5,draft_len=4", None, Settings()).max_ngram == 5
 
 
 def test_strong_only_when_the_match_runs_far_back():

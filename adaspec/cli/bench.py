@@ -93,18 +93,18 @@ def _peer(args: argparse.Namespace, drafter: str):
     `drafter` is the spec in use (--drafter or the model's default)."""
     from ..bench.peer import PeerConfig, check_peer
     from ..drafters.draft_model import load_shared
-    from ..drafters.registry import parse_spec
+    from ..drafters.spec import parse_arm, split_arms
     from ..errors import GenerationArgumentError
     from ..settings import get
 
     if args.peer is None:
         return None
     draft = args.peer_draft
-    name, arg = parse_spec(drafter)
-    if name == "auto" and arg:  # auto:draft-model:NAME -- PLD first, then that model
-        name, arg = parse_spec(arg)
-    if draft is None and name == "draft-model" and arg:
-        draft = arg.split(",")[0].strip()
+    for arm in split_arms(drafter):
+        if arm.name == "auto" and arm.path:  # auto:draft-model:NAME -- PLD, then that model
+            arm = parse_arm(arm.path)
+        if draft is None and arm.name == "draft-model" and arm.path:
+            draft = arm.path
     check_peer(args.peer, draft)
     if not 0 <= args.peer_k <= 64 or args.peer_tune_prompts < 1 or args.peer_tune_tokens < 2:
         raise GenerationArgumentError(

@@ -16,9 +16,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--drafter",
         default=None,
-        metavar="NAME[:ARG]",
-        help="none, pld, auto, dflash:DIR or any registered drafter; ARG goes to its factory "
-        "(default: auto if adaspec ships a DFlash drafter for the model, else pld)",
+        metavar="NAME[:ARG][+NAME[:ARG]...]",
+        help="none, pld, auto, dflash:DIR, draft-model:M or any registered drafter, or several "
+        "joined by + (the policy picks one per step); ARG is PATH[,KEY=VALUE...] "
+        "(default: auto, the model's default combination)",
     )
     p.add_argument("--temp", type=float, default=0.0, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=0.0, help="nucleus sampling (0 or 1 = off)")

@@ -2,6 +2,15 @@
 
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext, DraftModel
-from .registry import make, names, register
+from .registry import make, make_arms, names, register
 
-__all__ = ["Draft", "DraftContext", "DraftModel", "TargetInfo", "make", "names", "register"]
+__all__ = [
+    "Draft",
+    "DraftContext",
+    "DraftModel",
+    "TargetInfo",
+    "make",
+    "make_arms",
+    "names",
+    "register",
+]

@@ -30,9 +30,6 @@ class Draft:
     # catching up on tokens committed while floored): counted in the stats, not held against
     # speculation by the gates and the draft-length rule
     setup_s: float = 0.0
-    # making this draft cost next to nothing (a prompt-lookup copy): it may be as long as
-    # ctx.max_cheap, and the draft-length rule prices it apart from costly drafts
-    cheap: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -53,11 +50,8 @@ class DraftContext:
     """What the controller shares with the drafter at each call.
 
     tokens: the committed sequence (prompt + generated), read-only.
-    max_draft: most tokens the drafter may propose now (room left and the policy's cap).
-    max_cheap: most tokens of a draft marked `cheap` (the policy prices free drafts apart, so
-      a copy from the prompt may be longer, or shorter, than a costly draft); None: max_draft.
-      max_draft may be 0 while max_cheap > 0: only a cheap draft is wanted this step (the
-      policy holds a losing model drafter back), so return a cheap draft or nothing.
+    max_draft: most tokens the drafter may propose now (room left and the policy's cap for
+      this drafter).
     features: (m, F) target tap features for the m newly cached positions, or None when the
       drafter declares no taps. In `prefill` the rows are prompt_tokens[:-1]; in `advance` row i
       is the position whose logits predicted committed_tokens[i].
@@ -69,16 +63,10 @@ class DraftContext:
 
     tokens: Sequence[int]
     max_draft: int
-    max_cheap: int | None = None
     features: mx.array | None = None
     temperature: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     sampling: SamplingParams | None = None
-
-    @property
-    def cheap_cap(self) -> int:
-        """Most tokens a draft marked `cheap` may hold."""
-        return self.max_draft if self.max_cheap is None else self.max_cheap
 
 
 @runtime_checkable
@@ -91,11 +79,8 @@ class DraftModel(Protocol):
         wants in `ctx.features`; () for none.
       vocab_size: size of the vocabulary the drafter emits ids from, or None if it only copies
         ids it has seen (checked against the target's at start).
-      cheap_draft: draft() costs next to nothing, so while floored the controller may call it
-        to look for a `strong` candidate that lifts the floor early.
-    Optional: peek(ctx) -> Draft, a cheap look for a strong candidate while floored, for a
-      drafter whose draft() is costly but has a cheap part (auto: its PLD); it is used instead
-      of draft() for that look, and its draft is never verified.
+    Nothing else: what a draft costs and how often it is accepted, the policy measures. Several
+    drafters may run side by side (arms); each sees every prefill/advance/rollback.
 
     State contract: after prefill(prompt) the drafter's committed view is the prompt; draft()
     never changes that view; advance(t) appends t; rollback(n) drops the last n (0 is a no-op).
@@ -104,7 +89,6 @@ class DraftModel(Protocol):
     name: str
     needs_taps: tuple[int, ...]
     vocab_size: int | None
-    cheap_draft: bool
 
     def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None: ...
 

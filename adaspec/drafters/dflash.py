@@ -23,11 +23,10 @@ from .base import Draft, DraftContext
 from .dflash_checkpoint import check_target, load_model, save_model
 from .dflash_head import DraftHead, head_subset
 from .dflash_model import DFlashModel
-from .pld import parse_kv
+from .spec import DrafterArgs, Entry
 
 log = logging.getLogger(__name__)
 
-ARG_KEYS: dict[str, type] = {"block": int, "window": int, "sink": int}
 _GROW = 256  # context rows allocated at a time
 
 
@@ -121,7 +120,6 @@ class DFlashDrafter:
     """DraftModel over a DFlashModel bound to the target's embedding and output head."""
 
     name = "dflash"
-    cheap_draft = False  # a block draft runs drafter layers and the target's lm_head
 
     def __init__(
         self,
@@ -256,15 +254,6 @@ def default_checkpoint(info: TargetInfo) -> Path | None:
     return None
 
 
-def split_arg(arg: str | None, keys: dict[str, type], who: str) -> tuple[str | None, dict]:
-    """'DIR,k=v,...' -> (DIR or None, {k: v}); DIR is the first part unless it is a known k=v."""
-    parts = (arg or "").split(",")
-    head = parts[0].strip()
-    if head and head.partition("=")[0].strip() not in keys:
-        return head, parse_kv(",".join(parts[1:]), keys, who)
-    return None, parse_kv(arg, keys, who)
-
-
 def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:
     if folder:
         return Path(folder)
@@ -278,13 +267,17 @@ def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:
     return default
 
 
-def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DFlashDrafter:
-    folder, kw = split_arg(arg, {**ARG_KEYS, "head": int}, "dflash")
+def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DFlashDrafter:
     return load(
-        checkpoint_dir(folder, info, "dflash"),
+        checkpoint_dir(args.path, info, "dflash"),
         info,
-        block=kw.get("block", settings.dflash_block),
-        window=kw.get("window", settings.dflash_ctx_window),
-        sink=kw.get("sink", settings.dflash_ctx_sink),
-        head=kw.get("head"),
+        block=args.get("block", settings.dflash_block),
+        window=args.get("window", settings.dflash_ctx_window),
+        sink=args.get("sink", settings.dflash_ctx_sink),
+        head=args.get("head", None),
     )
+
+
+ENTRY = Entry(
+    factory, {"block": int, "window": int, "sink": int, "head": int}, path="checkpoint folder"
+)

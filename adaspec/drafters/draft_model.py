@@ -25,10 +25,10 @@ from ..policy.acceptance import sample
 from ..settings import Settings
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext
+from .spec import DrafterArgs, Entry
 
 log = logging.getLogger(__name__)
 
-ARG_KEYS: dict[str, type] = {"min_p1": float, "q": int}
 # more pending tokens than this (committed while floored) are fed before drafting, timed apart
 CATCH_UP = 4
 
@@ -76,7 +76,6 @@ class DraftLM:
 
     name = "draft-model"
     needs_taps: tuple[int, ...] = ()
-    cheap_draft = False  # each drafted token is a forward of the draft model
 
     def __init__(
         self,
@@ -250,21 +249,21 @@ def load_shared(path_or_name: str, settings: Settings) -> tuple[Any, Any]:
     return load(path_or_name, settings=settings)
 
 
-def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DraftLM:
-    from .dflash import split_arg
-
-    path, kw = split_arg(arg, ARG_KEYS, "draft-model")
-    if not path:
+def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
+    if not args.path:
         raise DrafterError(
             "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
-    model, tokenizer = load_shared(path, settings)
+    model, tokenizer = load_shared(args.path, settings)
     return DraftLM(
         model,
         tokenizer,
         info,
-        min_p1=kw.get("min_p1", settings.draft_model_min_p1),
+        min_p1=args.get("min_p1", settings.draft_model_min_p1),
         prefill_step=settings.prefill_step,
-        send_q=bool(kw.get("q", 1)),
+        send_q=args.get("q", True),
     )
+
+
+ENTRY = Entry(factory, {"min_p1": float, "q": bool}, path="model")

@@ -12,6 +12,7 @@ from ..errors import DrafterError
 from ..settings import Settings
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext
+from .spec import DrafterArgs, Entry
 
 
 class PromptLookup:
@@ -20,7 +21,6 @@ class PromptLookup:
     name = "pld"
     needs_taps: tuple[int, ...] = ()
     vocab_size = None
-    cheap_draft = True
 
     def __init__(
         self, max_ngram: int = 3, min_ngram: int = 1, draft_len: int = 10, strong_match: int = 6
@@ -69,7 +69,7 @@ class PromptLookup:
         self._append(prompt_tokens)
 
     def draft(self, ctx: DraftContext) -> Draft:
-        k = min(self.draft_len, ctx.cheap_cap)
+        k = min(self.draft_len, ctx.max_draft)
         self.last_match = 0
         if k <= 0:
             return Draft()
@@ -82,7 +82,7 @@ class PromptLookup:
                 toks = tuple(self.tokens[s : s + k])
                 # text being copied: the match runs on well past the n-gram
                 strong = len(toks) >= 2 and self._match_len(s, n) >= self.strong_match
-                return Draft(toks, strong=strong, cheap=True)
+                return Draft(toks, strong=strong)
         return Draft()
 
     def _match_len(self, s: int, n: int) -> int:
@@ -104,33 +104,17 @@ class PromptLookup:
                 self._unindex_end(len(self.tokens) - 1)
 
 
-def parse_kv(arg: str | None, allowed: dict[str, type], who: str) -> dict:
-    """'a=1,b=2' -> {'a': 1, 'b': 2}, checked against `allowed` names and types."""
-    out: dict = {}
-    for part in filter(None, (arg or "").split(",")):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in allowed:
-            raise DrafterError(
-                f"{who} argument {part!r} is invalid; accepted: "
-                + ", ".join(f"{k}=<{t.__name__}>" for k, t in allowed.items())
-            )
-        try:
-            out[key] = allowed[key](value)
-        except ValueError:
-            raise DrafterError(
-                f"{who} argument {key}={value!r} is not a {allowed[key].__name__}"
-            ) from None
-    return out
+def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> PromptLookup:
+    return PromptLookup(
+        args.get("max_ngram", settings.pld_max_ngram),
+        args.get("min_ngram", settings.pld_min_ngram),
+        args.get("draft_len", settings.pld_draft_len),
+        args.get("strong_match", settings.pld_strong_match),
+    )
 
 
-def factory(arg: str | None, info: TargetInfo, settings: Settings) -> PromptLookup:
-    kw = {
-        "max_ngram": settings.pld_max_ngram,
-        "min_ngram": settings.pld_min_ngram,
-        "draft_len": settings.pld_draft_len,
-        "strong_match": settings.pld_strong_match,
-    }
-    allowed = {"max_ngram": int, "min_ngram": int, "draft_len": int, "strong_match": int}
-    kw.update(parse_kv(arg, allowed, "pld"))
-    return PromptLookup(**kw)
+ENTRY = Entry(
+    factory,
+    {"max_ngram": int, "min_ngram": int, "draft_len": int, "strong_match": int},
+    path=None,
+)

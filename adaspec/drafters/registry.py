@@ -1,40 +1,59 @@
-"""One registry mapping drafter names to factories; third parties join through the same door."""
+"""One registry mapping drafter names to factories; third parties join through the same door.
+
+`make("pld+dflash:DIR", ...)` builds one drafter per arm; the policy picks among them per step.
+`auto` is the name of each target's default combination (see `expand_auto`).
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 
 from ..errors import DrafterError
 from ..settings import Settings
 from ..targets.base import TargetInfo
 from .base import DraftModel
+from .spec import ArmSpec, DrafterArgs, Entry, split_arms
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "adaspec.drafters"
 
-# factory(arg, target, settings) -> DraftModel; `arg` is the text after "name:" (or None).
-Factory = Callable[[str | None, TargetInfo, Settings], DraftModel]
+# factory(args, target, settings) -> DraftModel; args holds the arm's validated arguments.
+Factory = Callable[[DrafterArgs, TargetInfo, Settings], DraftModel]
 
-_FACTORIES: dict[str, Factory] = {}
+
+# built-in drafters: each module declares its own ENTRY (factory, typed arguments)
 _BUILTINS = {
-    "pld": "adaspec.drafters.pld:factory",
-    "dflash": "adaspec.drafters.dflash:factory",
-    "auto": "adaspec.drafters.auto:factory",
-    "draft-model": "adaspec.drafters.draft_model:factory",
+    "pld": "adaspec.drafters.pld:ENTRY",
+    "dflash": "adaspec.drafters.dflash:ENTRY",
+    "draft-model": "adaspec.drafters.draft_model:ENTRY",
 }
+_FACTORIES: dict[str, Entry | str] = {}
 _entry_points_loaded = False
 
 
-def register(name: str, factory: Factory, *, replace: bool = False) -> None:
-    """Make `factory` available as drafter `name` (e.g. `--drafter name:ARG`)."""
-    if not name or ":" in name or name == "none":
-        raise DrafterError(f"drafter name {name!r} is invalid: use a non-empty name without ':'")
-    if name in _FACTORIES and not replace:
+def register(
+    name: str,
+    factory: Factory,
+    *,
+    options: Mapping[str, type] | None = None,
+    path: str | None = "argument",
+    replace: bool = False,
+) -> None:
+    """Make `factory` available as drafter `name` (`--drafter name[:PATH][,k=v]`, alone or as
+    an arm of `a+b`). `options`: the KEY=VALUE arguments it takes and their types; `path`: what
+    its positional argument is, or None if it takes none."""
+    if not name or any(c in name for c in ":+,=") or name in ("none", "auto"):
+        raise DrafterError(
+            f"drafter name {name!r} is invalid; accepted: a non-empty name without ':', '+', "
+            "',' or '=', other than 'none' and 'auto'"
+        )
+    if (name in _FACTORIES or name in _BUILTINS) and not replace:
         raise DrafterError(f"drafter {name!r} is already registered; pass replace=True")
-    _FACTORIES[name] = factory
+    _FACTORIES[name] = Entry(factory, dict(options or {}), path)
 
 
 def _load_entry_points() -> None:
@@ -44,47 +63,87 @@ def _load_entry_points() -> None:
     _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _FACTORIES:
-            _FACTORIES[ep.name] = _lazy(ep.value)
-
-
-def _lazy(target: str) -> Factory:
-    def factory(arg: str | None, info: TargetInfo, settings: Settings) -> DraftModel:
-        import importlib
-
-        module, _, attr = target.partition(":")
-        return getattr(importlib.import_module(module), attr)(arg, info, settings)
-
-    return factory
+            _FACTORIES[ep.name] = ep.value
 
 
 def names() -> list[str]:
     _load_entry_points()
-    return sorted({*_BUILTINS, *_FACTORIES})
+    return sorted({*_BUILTINS, *_FACTORIES, "auto"})
 
 
-def parse_spec(spec: str) -> tuple[str, str | None]:
-    """'name' or 'name:ARG' -> (name, ARG)."""
-    name, sep, arg = spec.partition(":")
-    return name.strip(), (arg if sep else None)
+def _entry(name: str) -> Entry:
+    """The registered Entry; a "module:attr" reference is imported on first use and may name
+    an Entry or a bare factory (which takes a free positional argument and no KEY=VALUE)."""
+    _load_entry_points()
+    entry = _FACTORIES.get(name) or _BUILTINS.get(name)
+    if entry is None:
+        raise DrafterError(f"unknown drafter {name!r}; accepted: none, {', '.join(names())}")
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        obj = getattr(importlib.import_module(module), attr)
+        entry = obj if isinstance(obj, Entry) else Entry(obj)
+    return entry
+
+
+def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
+    """`auto` is each target's default combination: prompt lookup (matches of at least
+    ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N) in front of a model drafter, which is
+    the DFlash checkpoint shipped for the target (`auto`), the DFlash folder named
+    (`auto:DIR[,block=N...]`) or any other drafter (`auto:draft-model:NAME[,k=v]`). With no
+    model drafter for the target, `auto` is PLD alone."""
+    from .dflash import default_checkpoint
+
+    options = dict(arm.options)
+    min_match = options.pop("min_match", str(settings.auto_pld_min_match))
+    pld = ArmSpec("pld", None, (("min_ngram", min_match),))
+    rest = tuple(options.items())
+    if arm.path is None:
+        if not rest and default_checkpoint(info) is None:
+            return [ArmSpec("pld")]
+        return [pld, ArmSpec("dflash", None, rest)]
+    inner_name, sep, inner_path = arm.path.partition(":")
+    if inner_name in ("auto", "pld", "none"):
+        raise DrafterError(
+            f"{arm} is invalid: PLD already comes first; accepted: auto[:DIR] (DFlash) or "
+            "auto:SPEC with SPEC another drafter, e.g. auto:draft-model:NAME"
+        )
+    if inner_name in names():
+        return [pld, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
+    return [pld, ArmSpec("dflash", arm.path, rest)]
+
+
+def arms(spec: str, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
+    """The arms `spec` names, `auto` expanded; [] for 'none' (plain AR)."""
+    if spec.strip() == "none":
+        return []
+    out: list[ArmSpec] = []
+    for arm in split_arms(spec):
+        if arm.name == "none":
+            raise DrafterError(f"drafter spec {spec!r}: 'none' cannot be an arm of a combination")
+        out += expand_auto(arm, info, settings) if arm.name == "auto" else [arm]
+    return out
+
+
+def make_arms(spec: str, info: TargetInfo, settings: Settings) -> list[DraftModel]:
+    """One drafter per arm of `spec` ('none' gives [], i.e. plain AR)."""
+    return [_entry(a.name).build(a, info, settings) for a in arms(spec, info, settings)]
 
 
 def make(spec: str, info: TargetInfo, settings: Settings) -> DraftModel | None:
-    """Build the drafter named by `spec` ('none' gives None, i.e. plain AR)."""
-    name, arg = parse_spec(spec)
-    if name in ("none", ""):
-        return None
-    _load_entry_points()
-    factory = _FACTORIES.get(name)
-    if factory is None and name in _BUILTINS:
-        factory = _lazy(_BUILTINS[name])
-    if factory is None:
-        raise DrafterError(f"unknown drafter {name!r}; accepted: none, {', '.join(names())}")
-    return factory(arg, info, settings)
+    """The one drafter `spec` names ('none' gives None, i.e. plain AR); a spec naming several
+    arms (`a+b`, or `auto` where it combines two) goes through `make_arms`."""
+    built = make_arms(spec, info, settings)
+    if len(built) > 1:
+        raise DrafterError(
+            f"drafter spec {spec!r} names {len(built)} drafters; accepted here: one (use "
+            "make_arms, or pass the spec to generate/stream_generate, for several)"
+        )
+    return built[0] if built else None
 
 
 def default_spec(info: TargetInfo) -> str:
-    """The drafter the CLI uses when none is named: "auto" (PLD + the shipped DFlash drafter)
-    for targets adaspec ships a drafter for, "pld" otherwise."""
+    """The drafter the CLI uses when none is named: `auto` (PLD, then the DFlash drafter
+    shipped for the target) where a drafter ships for the target, `pld` otherwise."""
     from .dflash import default_checkpoint
 
     return "auto" if default_checkpoint(info) is not None else "pld"

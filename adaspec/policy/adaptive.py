@@ -1,17 +1,18 @@
-"""The adaptive policy: entropy and commit-EMA gates, AR floor with growing-backoff re-probes,
-and the plain-step time (t_ar) the commit gate is calibrated against."""
+"""The adaptive policy: which arm drafts next and how long, from each arm's measured acceptance
+and cost; entropy and commit-EMA gates with an AR floor and growing-backoff re-probes; and the
+plain-step time (t_ar) the commit gate is calibrated against."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..settings import Settings
 from . import draft_length, gates
+from .plan import UNLIMITED, Plan
 from .stats import StepStats
-
-UNLIMITED = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class PolicyConfig:
     # None: no length cap from the policy (the drafter proposes what it likes)
     length: draft_length.LengthConfig | None = field(default_factory=draft_length.LengthConfig)
     lift: bool = True  # a strong candidate may end a floor early
+    # a draft whose measured cost per token is at most this fraction of a plain step is free:
+    # it is peeked at while floored (a strong one lifts the floor) and never held back
+    free_cost: float = 0.01
 
     @classmethod
     def from_settings(cls, s: Settings) -> PolicyConfig:
@@ -75,7 +79,11 @@ class ArClock:
 
 
 class GatedPolicy:
-    """SpecPolicy: speculate unless a gate floored us; re-probe after a growing backoff.
+    """SpecPolicy over any number of arms. Each step: speculate unless a gate floored us (then
+    decode plainly and re-probe after a growing backoff); ask the arms in the user's order,
+    skipping an arm a later one is expected to beat and, when there are several, a costly arm
+    plain steps are expected to beat (held back on the floor's backoff-and-probe schedule);
+    each arm drafts the length with the most expected tokens per second.
     A gate only decides whether to draft; it never changes which token is emitted."""
 
     def __init__(self, cfg: PolicyConfig | None = None):
@@ -86,15 +94,18 @@ class GatedPolicy:
         self.context = 0
         self.measure_steps = 0
         self.lifts = 0
-        # costly drafts (a model's forwards) and cheap ones (prompt-lookup copies) are priced
-        # apart: their acceptance and drafting cost differ by far; plain steps teach both
-        self.length = draft_length.LengthState()
-        self.cheap_length = draft_length.LengthState()
-        # a drafter with both kinds (auto): its costly drafts are held back, on the floor's
-        # backoff-and-probe schedule, while plain steps are expected to beat them; cheap drafts
-        # go on meanwhile
-        self.costly_floor = gates.FloorState()
+        self.names: list[str] = []
+        # per arm: acceptance by position and costs (plain steps teach every arm the verify
+        # cost of drafting nothing), and the floor that holds a losing arm back
+        self.length: list[draft_length.LengthState] = []
+        self.held: list[gates.FloorState] = []
         self._reset_gates()
+
+    def start(self, arms: Sequence[str]) -> None:
+        if list(arms) != self.names:
+            self.names = list(arms)
+            self.length = [draft_length.LengthState() for _ in arms]
+            self.held = [gates.FloorState() for _ in arms]
 
     def _reset_gates(self) -> None:
         self.entropy = gates.EntropyState()
@@ -104,55 +115,64 @@ class GatedPolicy:
         """The next step must be plain, to (re)measure t_ar at this context."""
         return self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
 
-    def max_draft(self) -> int:
+    def plan(self) -> Plan:
+        n = len(self.names)
+        if n == 0:
+            return Plan((), UNLIMITED)
         if self.floor.floored:
-            return 0
+            peek = self._free_arms() if self.cfg.lift and gates.can_lift(self.floor) else ()
+            return Plan((), self.floor.ar_left - 1, peek)
         if self._measuring():
             self.measure_steps += 1
-            return 0
+            return Plan()
         if self.cfg.length is None:
-            return UNLIMITED
-        if self.costly_floor.floored:
-            return 0
-        return draft_length.choose_k(self.cfg.length, self.length)
+            return Plan(tuple((a, UNLIMITED) for a in range(n)))
+        order = [a for a in range(n) if not self.held[a].floored]
+        order = [a for i, a in enumerate(order) if not self._outranked(a, order[i + 1 :])]
+        return Plan(
+            tuple((a, draft_length.choose_k(self.cfg.length, self.length[a])) for a in order)
+        )
 
-    def max_cheap_draft(self) -> int:
-        if self.floor.floored or self._measuring():
-            return 0
-        if self.cfg.length is None:
-            return UNLIMITED
-        if self._cheap_loses(self.cfg.length):
-            return 0  # the drafter's costly path is expected to commit more per second
-        return draft_length.choose_k(self.cfg.length, self.cheap_length)
+    def _free(self, a: int) -> bool:
+        """Arm a's drafts cost next to nothing (unmeasured counts as free: a peek measures it)."""
+        cost, t_ar = self.length[a].draft_cost, self.clock.t_ar
+        if math.isnan(cost):
+            return True
+        return not math.isnan(t_ar) and cost <= self.cfg.free_cost * t_ar
 
-    def _costly_loses(self) -> bool:
-        """Both kinds of draft were judged and a costly draft is expected to commit fewer
-        tokens per second than a plain step (times the commit margin)."""
+    def _free_arms(self) -> tuple[int, ...]:
+        return tuple(a for a in range(len(self.names)) if self._free(a))
+
+    def _outranked(self, a: int, later: list[int]) -> bool:
+        """A later arm, judged like a, is expected to commit more tokens per second (e.g. PLD's
+        short matches in new text, before a model drafter). Every explore_every-th step of
+        that arm a is asked anyway, so the comparison stays fresh."""
+        cfg, mine = self.cfg.length, self.length[a]
+        if cfg is None or not mine.accept:
+            return False
+        rate = draft_length.best_rate(cfg, mine)
+        for b in later:
+            other = self.length[b]
+            if math.isnan(other.draft_cost) or not other.accept:
+                continue
+            if cfg.explore_every and other.steps % cfg.explore_every == 0:
+                continue
+            theirs = draft_length.best_rate(cfg, other)
+            if rate is not None and theirs is not None and rate < theirs:
+                return True
+        return False
+
+    def _loses_to_plain(self, a: int) -> bool:
+        """With several arms, another judged: costly arm a is expected to commit fewer tokens
+        per second than a plain step (times the commit margin). A lone arm is the gates' call."""
         cfg, commit = self.cfg.length, self.cfg.commit
-        if (
-            cfg is None
-            or commit is None
-            or math.isnan(self.clock.t_ar)
-            or not self.cheap_length.accept
-        ):
+        judged = any(self.length[b].accept for b in range(len(self.names)) if b != a)
+        if cfg is None or commit is None or math.isnan(self.clock.t_ar) or not judged:
             return False
-        rate = draft_length.best_rate(cfg, self.length)
+        if self._free(a):
+            return False
+        rate = draft_length.best_rate(cfg, self.length[a])
         return rate is not None and rate * self.clock.t_ar < commit.margin
-
-    def _cheap_loses(self, cfg: draft_length.LengthConfig) -> bool:
-        """Both kinds of draft were judged and cheap drafts are expected to commit fewer tokens
-        per second than costly ones (e.g. PLD's short matches in new text, inside `auto`).
-        Every explore_every-th step they are allowed anyway, so the comparison stays fresh."""
-        costly, cheap = self.length, self.cheap_length
-        if math.isnan(costly.draft_cost) or not cheap.accept:
-            return False
-        if cfg.explore_every and costly.steps % cfg.explore_every == 0:
-            return False
-        rc, rk = draft_length.best_rate(cfg, cheap), draft_length.best_rate(cfg, costly)
-        return rc is not None and rk is not None and rc < rk
-
-    def plain_ahead(self) -> int:
-        return self.floor.ar_left if self.floor.floored else 0
 
     def lift(self) -> bool:
         if not (self.cfg.lift and gates.can_lift(self.floor)):
@@ -161,29 +181,37 @@ class GatedPolicy:
         self.lifts += 1
         return True
 
+    def observe_peek(self, arm: int, drafted: int, seconds: float) -> None:
+        if self.cfg.length is not None:
+            self.length[arm] = draft_length.observe_draft_cost(
+                self.cfg.length, self.length[arm], drafted, seconds
+            )
+
     def observe(self, step: StepStats) -> None:
         self.context = step.context
         self.clock.observe(step)
+        arm = step.arm if step.speculative else None
         if self.cfg.length is not None:
-            if step.drafted == 0 or not step.cheap:
-                self.length = self._learn(self.cfg.length, self.length, step)
-            if step.drafted == 0 or step.cheap:
-                self.cheap_length = self._learn(self.cfg.length, self.cheap_length, step)
-        # a costly draft made as the costly floor's probe is judged by that floor alone: a
-        # losing probe must not floor the cheap drafts with it
-        costly_probe = bool(step.drafted and not step.cheap and self.costly_floor.probing)
-        if step.drafted and not step.cheap:
-            if self._costly_loses():
-                self.costly_floor = gates.on_floor(self.cfg.probe, self.costly_floor)
+            for a in range(len(self.names)):
+                if arm is None or arm == a:
+                    self.length[a] = self._learn(self.cfg.length, self.length[a], step)
+        # a draft made as a held arm's probe is judged by that arm's floor alone: a losing
+        # probe must not floor the other arms with it
+        held_probe = arm is not None and self.held[arm].probing
+        for a in range(len(self.names)):
+            if a != arm:
+                self.held[a] = gates.on_plain_step(self.held[a])
+            elif self._loses_to_plain(a):
+                self.held[a] = gates.on_floor(self.cfg.probe, self.held[a])
             else:
-                self.costly_floor = gates.on_spec_step(self.cfg.probe, self.costly_floor)
-        else:
-            self.costly_floor = gates.on_plain_step(self.costly_floor)
+                self.held[a] = gates.on_spec_step(self.cfg.probe, self.held[a])
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
-            return
-        if costly_probe:
-            return
+        elif not held_probe:
+            self._gate(step)
+
+    def _gate(self, step: StepStats) -> None:
+        """Feed a speculative step to the gates; floor if one fires."""
         fire = False
         if self.cfg.entropy is not None and step.p1 is not None:
             self.entropy, f = gates.entropy_step(self.cfg.entropy, self.entropy, step.p1)
@@ -218,7 +246,7 @@ class GatedPolicy:
             "probes_lost": f.probes_lost,
             "lifts": self.lifts,
             "measure_steps": self.measure_steps,
-            "costly_floors": self.costly_floor.floors,
+            "arm_floors": {n: h.floors for n, h in zip(self.names, self.held)},
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),
         }

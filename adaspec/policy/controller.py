@@ -1,4 +1,4 @@
-"""The decode loop: ask the policy, draft, verify, accept, roll back, account.
+"""The decode loop: ask the policy for a plan, draft, verify, accept, roll back, account.
 
 Holds no maths of its own; every token it emits was produced by the target's verify forward.
 """
@@ -8,16 +8,18 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from ..drafters.base import Draft, DraftContext, DraftModel
 from ..errors import DrafterError
-from ..targets.base import Forward, Target
+from ..targets.base import Target
 from . import acceptance, sampling
+from .plan import AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
 from .stats import GenerationStats, StepStats
+
+__all__ = ["AlwaysSpeculate", "DecodeConfig", "Decoder", "NeverSpeculate", "TokenEvent", "decode"]
 
 
 @dataclass(frozen=True)
@@ -27,63 +29,6 @@ class DecodeConfig:
     eos_ids: frozenset[int] = frozenset()
     logits_processors: tuple = ()
     max_draft: int = 64  # hard cap on drafted tokens per step
-
-
-class SpecPolicy(Protocol):
-    """Decides, from past steps only, how many tokens may be drafted next (0 = plain AR).
-    needs_p1: whether `observe` wants StepStats.p1 (costs one reduction per step)."""
-
-    needs_p1: bool
-
-    def max_draft(self) -> int: ...
-
-    def max_cheap_draft(self) -> int:
-        """How many tokens a draft that costs next to nothing (Draft.cheap) may hold; it may be
-        > 0 while max_draft() is 0 (costly drafts held back, cheap ones wanted)."""
-        ...
-
-    def observe(self, step: StepStats) -> None: ...
-
-    def plain_ahead(self) -> int:
-        """How many of the next steps are certainly plain (no draft whatever happens), so the
-        controller may pipeline them; 0 if unknown."""
-        ...
-
-    def lift(self) -> bool:
-        """A strong candidate was seen while floored: end the floor now if allowed."""
-        ...
-
-    def summary(self) -> dict: ...
-
-
-class AlwaysSpeculate:
-    needs_p1 = False
-
-    def max_draft(self) -> int:
-        return 1 << 30
-
-    def max_cheap_draft(self) -> int:
-        return self.max_draft()
-
-    def observe(self, step: StepStats) -> None:
-        pass
-
-    def plain_ahead(self) -> int:
-        return 0
-
-    def lift(self) -> bool:
-        return False
-
-    def summary(self) -> dict:
-        return {}
-
-
-class NeverSpeculate(AlwaysSpeculate):
-    def max_draft(self) -> int:
-        return 0
-
-    def plain_ahead(self) -> int:
-        return 1 << 30
 
 
 @dataclass(frozen=True)
@@ -96,19 +41,26 @@ class TokenEvent:
     step: StepStats | None = None
 
 
-@dataclass
-class _Verdict:
-    outcome: acceptance.Outcome
-    logprobs: mx.array  # (k+1, V)
+@dataclass(frozen=True)
+class _Verified:
+    tokens: list[int]  # committed by this step (accepted drafts + one target token)
+    accepted: int
+    logprobs: mx.array  # (len(tokens) or more, V): row j is the distribution tokens[j] came from
+    features: mx.array | None  # (>= len(tokens), F) tap features of the positions fed
 
 
-def _check_draft(d: Draft, cap: int, cheap_cap: int, vocab: int, name: str) -> None:
-    allowed = cheap_cap if d.cheap else cap
-    if len(d) > allowed:
-        raise DrafterError(
-            f"drafter {name!r} proposed {len(d)} {'cheap ' if d.cheap else ''}tokens; at most "
-            f"{allowed} allowed"
-        )
+@dataclass(frozen=True)
+class _Queued:
+    """A plain forward queued before the token it follows was read, as mlx-lm pipelines."""
+
+    token: mx.array  # () the lazy argmax
+    logprobs: mx.array  # (V,)
+    features: mx.array | None
+
+
+def _check_draft(d: Draft, cap: int, vocab: int, name: str) -> None:
+    if len(d) > cap:
+        raise DrafterError(f"drafter {name!r} proposed {len(d)} tokens; at most {cap} allowed")
     bad = [t for t in d.tokens if not 0 <= t < vocab]
     if bad:
         raise DrafterError(
@@ -123,214 +75,216 @@ def _check_draft(d: Draft, cap: int, cheap_cap: int, vocab: int, name: str) -> N
 
 
 def _judge(
-    fwd: Forward,
-    fed: list[int],
-    draft: Draft,
-    history: Sequence[int],
-    cfg: DecodeConfig,
-    rng: np.random.Generator,
-) -> _Verdict:
-    logits = sampling.apply_processors(fwd.logits, history, fed, cfg.logits_processors)
+    logits: mx.array, draft: Draft, cfg: DecodeConfig, rng: np.random.Generator
+) -> tuple[acceptance.Outcome, mx.array]:
     lp = sampling.logprobs(logits)
     if cfg.sampling.greedy:
-        argmax = mx.argmax(logits, axis=-1).tolist()
-        return _Verdict(acceptance.accept_greedy(draft.tokens, argmax), lp)
+        return acceptance.accept_greedy(draft.tokens, mx.argmax(logits, axis=-1).tolist()), lp
     p = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
     if draft.probs is not None:
-        out = acceptance.accept_rejection(draft.tokens, draft.probs, p, rng)
-    else:
-        out = acceptance.accept_sample_match(draft.tokens, p, rng)
-    return _Verdict(out, lp)
+        return acceptance.accept_rejection(draft.tokens, draft.probs, p, rng), lp
+    return acceptance.accept_sample_match(draft.tokens, p, rng), lp
+
+
+def _tap_union(arms: Sequence[DraftModel]) -> tuple[int, ...]:
+    taps: list[int] = []
+    for a in arms:
+        taps += [t for t in a.needs_taps if t not in taps]
+    return tuple(taps)
 
 
 @dataclass
 class Decoder:
-    """Runs one generation. Invariant between steps: the target's cache holds every committed
-    token but the newest, and the drafter's committed view equals `self.committed`."""
+    """Runs one generation over zero or more drafters (arms). Invariant between steps: the
+    target's cache holds every committed token but the newest (plus, while plain steps are
+    pipelined, the queued forward of the newest), and every arm's committed view equals
+    `self.committed`."""
 
     target: Target
-    drafter: DraftModel | None
+    drafters: DraftModel | Sequence[DraftModel] | None
     cfg: DecodeConfig
     policy: SpecPolicy = field(default_factory=AlwaysSpeculate)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     stats: GenerationStats = field(default_factory=GenerationStats)
 
     def __post_init__(self) -> None:
-        self.taps = self.drafter.needs_taps if self.drafter else ()
+        d = self.drafters
+        self.arms: tuple[DraftModel, ...] = (
+            () if d is None else tuple(d) if isinstance(d, (list, tuple)) else (d,)  # type: ignore[arg-type]
+        )
+        self.taps = _tap_union(self.arms)
         self.committed: list[int] = []
+        self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
+        self._queued: _Queued | None = None
+        names = [a.name for a in self.arms]
+        self.stats.arm_names = [
+            n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)
+        ]
+        self.policy.start(names)
 
-    def _ctx(
-        self, max_draft: int = 0, features: mx.array | None = None, max_cheap: int | None = None
-    ) -> DraftContext:
+    def _ctx(self, max_draft: int = 0, features: mx.array | None = None) -> DraftContext:
         return DraftContext(
             tokens=self.committed,
             max_draft=max_draft,
-            max_cheap=max_cheap,
             features=features,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
             sampling=self.cfg.sampling,
         )
 
+    def _features(self, arm: DraftModel, feats: mx.array | None) -> mx.array | None:
+        """The columns of the union's tap features that `arm` asked for, in its order."""
+        if feats is None or not arm.needs_taps:
+            return None
+        if arm.needs_taps == self.taps:
+            return feats
+        h = feats.shape[-1] // len(self.taps)
+        cols = [self.taps.index(t) for t in arm.needs_taps]
+        return mx.concatenate([feats[..., c * h : (c + 1) * h] for c in cols], axis=-1)
+
     def prefill(self, prompt: Sequence[int]) -> None:
         t0 = time.perf_counter()
         self.committed = [int(t) for t in prompt]
         feats = self.target.prefill(self.committed[:-1], self.taps)
-        if self.drafter is not None:
-            self.drafter.prefill(self.committed, self._ctx(features=feats))
+        for arm in self.arms:
+            arm.prefill(self.committed, self._ctx(features=self._features(arm, feats)))
         self.stats.prompt_tokens = len(self.committed)
         self.stats.prefill_s = time.perf_counter() - t0
 
-    def step(self, room: int) -> tuple[list[int], list[bool], mx.array, StepStats]:
-        """Emit 1..room tokens (fewer only at EOS)."""
-        # 1. how much may we draft? (never past the room left before max_tokens)
-        # (a costly budget of 0 with a cheap one left: only a cheap draft is wanted)
-        budget = min(self.policy.max_draft(), self.cfg.max_draft)
-        cheap_budget = min(self.policy.max_cheap_draft(), self.cfg.max_draft)
-        t0 = time.perf_counter()
-        draft = Draft()
-        if self.drafter is not None and max(budget, cheap_budget) > 0 and room > 1:
-            cap, cheap_cap = min(budget, room - 1), min(cheap_budget, room - 1)
-            draft = self.drafter.draft(self._ctx(max_draft=cap, max_cheap=cheap_cap))
-            _check_draft(draft, cap, cheap_cap, self.target.info.vocab_size, self.drafter.name)
-        t1 = time.perf_counter()
-        # 2. verify the pending token plus the draft in one forward, then accept
+    def peek(self, plan: Plan) -> bool:
+        """Before a plain step: a strong draft from one of the plan's peek arms lifts the floor
+        if the policy allows (True). The draft itself is not verified; its time is measured."""
+        for a in plan.peek:
+            arm, t0 = self.arms[a], time.perf_counter()
+            d = arm.draft(self._ctx(max_draft=self.cfg.max_draft))
+            self.policy.observe_peek(a, len(d), time.perf_counter() - t0)
+            # held to the same rules as a verified draft, so a broken drafter fails the same way
+            _check_draft(d, self.cfg.max_draft, self.target.info.vocab_size, arm.name)
+            if d.strong and self.policy.lift():
+                return True
+        return False
+
+    def _draft(self, plan: Plan, room: int) -> tuple[int | None, Draft]:
+        """Ask the plan's arms in order; the first non-empty draft is the step's."""
+        for a, cap in plan.arms:
+            cap = min(cap, self.cfg.max_draft, room - 1)
+            if cap <= 0:
+                break
+            arm = self.arms[a]
+            d = arm.draft(self._ctx(max_draft=cap))
+            _check_draft(d, cap, self.target.info.vocab_size, arm.name)
+            if len(d):
+                return a, d
+        return None, Draft()
+
+    def _queue(self, token: list[int] | mx.array) -> _Queued:
+        fwd = self.target.forward(token, self.taps)
+        lp = sampling.logprobs(fwd.logits[-1])
+        y = mx.argmax(lp, axis=-1)
+        mx.async_eval(y, lp)
+        return _Queued(y, lp, fwd.features)
+
+    def _drop_queued(self) -> None:
+        if self._queued is not None:
+            self.target.rollback(1)  # the queued forward of the newest token is fed again
+            self._queued = None
+
+    def _plain(self, queue_next: bool) -> _Verified:
+        """A greedy plain step; the next one's forward is queued (on the lazy token) before this
+        token is read, which hides graph-building time as mlx-lm's decoding does."""
+        q = self._queued or self._queue([self.committed[-1]])
+        self._queued = self._queue(q.token[None]) if queue_next else None
+        return _Verified([int(q.token.item())], 0, q.logprobs[None], q.features)
+
+    def _verify(self, draft: Draft) -> _Verified:
+        self._drop_queued()
         fed = [self.committed[-1], *draft.tokens]
         fwd = self.target.forward(fed, self.taps)
-        verdict = _judge(fwd, fed, draft, self.committed, self.cfg, self.rng)
-        new = list(verdict.outcome.tokens)
-        for j, t in enumerate(new):
-            if t in self.cfg.eos_ids:
-                new = new[: j + 1]
-                break
+        logits = sampling.apply_processors(
+            fwd.logits, self.committed, fed, self.cfg.logits_processors
+        )
+        outcome, lp = _judge(logits, draft, self.cfg, self.rng)
+        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
+        return _Verified(new, min(outcome.accepted, len(new)), lp, fwd.features)
+
+    def step(
+        self, room: int, plan: Plan | None = None
+    ) -> tuple[list[int], list[bool], mx.array, StepStats]:
+        """Emit 1..room tokens (fewer only at EOS), following `plan` (default: the policy's)."""
+        plan = self.policy.plan() if plan is None else plan
+        t0 = time.perf_counter()
+        # 1. draft: the plan's arms in order (none for a plain step)
+        arm, draft = self._draft(plan, room)
+        t1 = time.perf_counter()
+        # 2. verify the newest committed token plus the draft in one forward, and accept
+        if not draft.tokens and self.pipelinable:
+            v = self._plain(queue_next=plan.plain_ahead > 0 and room > 1)
+        else:
+            v = self._verify(draft)
         t2 = time.perf_counter()
-        # 3. drop what was not committed: the cache keeps all committed tokens but the newest
-        self.committed += new
-        self.target.rollback(self.target.offset - (len(self.committed) - 1))
-        if self.drafter is not None:
-            feats = fwd.features[: len(new)] if fwd.features is not None else None
-            self.drafter.advance(new, self._ctx(features=feats))
+        # 3. commit; the cache keeps every committed token but the newest; tell every arm
+        self.committed += v.tokens
+        if draft.tokens:
+            self.target.rollback(self.target.offset - (len(self.committed) - 1))
+        feats = v.features[: len(v.tokens)] if v.features is not None else None
+        for a in self.arms:
+            a.advance(v.tokens, self._ctx(features=self._features(a, feats)))
         t3 = time.perf_counter()
+        # 4. account
         p1 = None
-        if self.policy.needs_p1 and len(draft) > 0:
-            p1 = float(mx.exp(mx.max(verdict.logprobs[verdict.outcome.accepted])).item())
+        if self.policy.needs_p1 and draft.tokens:
+            p1 = sampling.top1_prob(v.logprobs[v.accepted])
         s = StepStats(
-            len(draft),
-            verdict.outcome.accepted,
-            len(new),
-            len(draft) > 0,
-            t1 - t0,
-            t2 - t1,
-            t3 - t2,
-            len(self.committed),
-            p1,
-            max(budget, cheap_budget) <= 0,
-            draft.setup_s,
-            draft.cheap,
+            committed=len(v.tokens),
+            verify_s=t2 - t1,
+            drafted=len(draft),
+            accepted=v.accepted,
+            arm=arm,
+            draft_s=t1 - t0,
+            rollback_s=t3 - t2,
+            context=len(self.committed),
+            p1=p1,
+            floored=plan.plain,
+            setup_s=draft.setup_s,
         )
         self.stats.record(s)
         self.policy.observe(s)
-        self.stats.policy = self.policy.summary()
-        from_draft = [j < verdict.outcome.accepted for j in range(len(new))]
-        return new, from_draft, verdict.logprobs, s
-
-    def strong_candidate(self) -> bool:
-        """While floored: does a cheap drafter have a strong draft right now? (lifts the floor)"""
-        d = self.drafter
-        if d is None:
-            return False
-        peek = getattr(d, "peek", None) or (d.draft if d.cheap_draft else None)
-        if peek is None:
-            return False
-        ctx = self._ctx(max_draft=self.cfg.max_draft)
-        draft = peek(ctx)
-        # held to the same rules as a verified draft, so a broken drafter fails the same way
-        _check_draft(draft, ctx.max_draft, ctx.cheap_cap, self.target.info.vocab_size, d.name)
-        return draft.strong and self.policy.lift()
+        if draft.tokens:
+            self.stats.policy = self.policy.summary()
+        return v.tokens, [j < v.accepted for j in range(len(v.tokens))], v.logprobs, s
 
     def unwind(self, n: int) -> None:
-        """Forget the newest n committed tokens everywhere (caller stopped mid-step)."""
+        """Forget the newest n committed tokens everywhere (caller stopped mid-step), and any
+        queued forward."""
+        self._drop_queued()
         if n <= 0:
             return
         del self.committed[-n:]
         self.target.rollback(n)
-        if self.drafter is not None:
-            self.drafter.rollback(n)
-
-
-def _plain_burst(decoder: Decoder, n: int) -> Iterator[TokenEvent]:
-    """Up to n greedy plain steps, pipelined as mlx-lm does: the forward for token i+1 is queued
-    (on the lazy argmax) before token i is read, hiding graph-building time. The drafter still
-    sees every token (with its tap features) and the policy every step; a strong candidate ends
-    the burst (its queued forward is rolled back)."""
-    dec, target, taps = decoder, decoder.target, decoder.taps
-
-    def queue(tok: mx.array | list[int]) -> tuple[mx.array, mx.array, mx.array | None]:
-        fwd = target.forward(tok, taps)
-        lp = sampling.logprobs(fwd.logits[-1])
-        y = mx.argmax(lp, axis=-1)
-        mx.async_eval(y, lp)
-        return y, lp, fwd.features
-
-    t0 = time.perf_counter()  # before the first queue: mlx runs part of a queued forward at once
-    y, lp, feats = queue([dec.committed[-1]])
-    for i in range(n):
-        nxt = queue(y[None]) if i + 1 < n else None
-        tok = int(y.item())
-        dec.committed.append(tok)
-        t1 = time.perf_counter()
-        if dec.drafter is not None:
-            dec.drafter.advance([tok], dec._ctx(features=feats))
-        t2 = time.perf_counter()
-        s = StepStats(0, 0, 1, False, 0.0, t1 - t0, t2 - t1, len(dec.committed), None, True)
-        dec.stats.record(s)
-        dec.policy.observe(s)
-        t0 = t2
-        yield TokenEvent(tok, lp, False, s)
-        if tok in dec.cfg.eos_ids or nxt is None:
-            return
-        if dec.strong_candidate():
-            target.rollback(1)  # the queued forward of `tok` is fed again by the next step
-            return
-        y, lp, feats = nxt
-
-
-def _pipelinable(decoder: Decoder) -> bool:
-    # a lazy token can feed the next forward only if nothing on the host must see it first
-    return decoder.cfg.sampling.greedy and not decoder.cfg.logits_processors
+        for a in self.arms:
+            a.rollback(n)
 
 
 def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
-    """Yield tokens one at a time; if the consumer stops early, both caches are rolled back to
-    exactly the tokens it has received."""
+    """Yield tokens one at a time; if the consumer stops early, the target's cache and every
+    arm are rolled back to exactly the tokens it has received."""
     decoder.prefill(prompt)
-    max_tokens = decoder.cfg.max_tokens
-    pipelinable = _pipelinable(decoder)
-    emitted = 0
-    pending = 0  # committed in the current step but not yet received by the consumer
+    emitted = pending = 0  # pending: committed in the current step, not yet received
     try:
-        while emitted < max_tokens:
-            room = max_tokens - emitted
-            ahead = room if decoder.drafter is None else decoder.policy.plain_ahead()
-            if ahead > 0 and decoder.strong_candidate():
-                ahead = 0
-            if pipelinable and ahead > 1:
-                for ev in _plain_burst(decoder, min(ahead, room)):
-                    emitted += 1
-                    yield ev
-                    if ev.token in decoder.cfg.eos_ids:
-                        return
-                continue
-            new, from_draft, lp, s = decoder.step(room)
+        while emitted < decoder.cfg.max_tokens:
+            plan = decoder.policy.plan()
+            if plan.plain and plan.peek and decoder.peek(plan):
+                plan = decoder.policy.plan()
+            new, from_draft, lp, s = decoder.step(decoder.cfg.max_tokens - emitted, plan)
             pending = len(new)
             for j, tok in enumerate(new):
                 pending -= 1
                 emitted += 1
-                last = j == len(new) - 1
-                yield TokenEvent(tok, lp[j], from_draft[j], s if last else None)
+                yield TokenEvent(tok, lp[j], from_draft[j], s if j == len(new) - 1 else None)
             if new[-1] in decoder.cfg.eos_ids:
                 return
     finally:
         decoder.unwind(pending)
-        # a queued forward may sit past the newest committed token
+        # after an error mid-step the cache may hold fed tokens past the newest committed one
         decoder.target.rollback(decoder.target.offset - (len(decoder.committed) - 1))
+        decoder.stats.policy = decoder.policy.summary()

@@ -157,3 +157,10 @@ def observe(
         steps=s.steps + 1,
         timed_at=tuple(timed_at),
     )
+
+
+def observe_draft_cost(
+    cfg: LengthConfig, s: LengthState, drafted: int, seconds: float
+) -> LengthState:
+    """Learn the draft cost per token from a draft that was made but not verified (a peek)."""
+    return replace(s, draft_cost=_ema(s.draft_cost, seconds / max(drafted, 1), cfg.weight))

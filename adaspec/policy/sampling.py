@@ -68,3 +68,17 @@ class LazyRows:
         if i not in self._rows:
             self._rows[i] = np.asarray(self._m[i], dtype=np.float64)
         return self._rows[i]
+
+
+def top1_prob(logprobs_row: mx.array) -> float:
+    """The target's top-1 probability from one row of log-probabilities (the entropy gate's p1)."""
+    return float(mx.exp(mx.max(logprobs_row)).item())
+
+
+def cut_at_eos(tokens: Sequence[int], eos_ids: frozenset[int]) -> list[int]:
+    """`tokens` up to and including the first end-of-sequence id: nothing after it is emitted."""
+    out = list(tokens)
+    for j, t in enumerate(out):
+        if t in eos_ids:
+            return out[: j + 1]
+    return out

@@ -5,23 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepStats:
-    """One controller step. drafted = k proposed, accepted <= k, committed = tokens it emitted
-    (accepted + 1, fewer if EOS or max_tokens cut it); times in seconds."""
+    """One controller step, built by keyword. drafted = k proposed by `arm` (None: a plain
+    step), accepted <= k, committed = tokens it emitted (accepted + 1, fewer if EOS or
+    max_tokens cut it); times in seconds."""
 
-    drafted: int
-    accepted: int
     committed: int
-    speculative: bool
-    draft_s: float
     verify_s: float
-    rollback_s: float
+    drafted: int = 0
+    accepted: int = 0
+    arm: int | None = None  # index of the arm whose draft was verified
+    draft_s: float = 0.0
+    rollback_s: float = 0.0
     context: int = 0  # committed sequence length after the step
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
-    floored: bool = False  # the policy allowed no draft (floor, or a t_ar measurement step)
+    floored: bool = False  # the policy planned a plain step (floor, or a t_ar measurement)
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
-    cheap: bool = False  # the draft cost next to nothing to make (Draft.cheap)
+
+    @property
+    def speculative(self) -> bool:
+        return self.drafted > 0
 
     @property
     def total_s(self) -> float:
@@ -54,6 +58,9 @@ class GenerationStats:
     accepted_at: list[int] = field(default_factory=list)
     drafted_at: list[int] = field(default_factory=list)
     policy: dict = field(default_factory=dict)  # the policy's own counters (floors, probes)
+    arm_names: list[str] = field(default_factory=list)
+    # by_arm[name]: speculative steps, drafted, accepted and committed tokens of that arm
+    by_arm: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def record(self, s: StepStats) -> None:
         self.steps += 1
@@ -67,6 +74,14 @@ class GenerationStats:
             return
         self.spec_steps += 1
         self.spec_committed += s.committed
+        if s.arm is not None and s.arm < len(self.arm_names):
+            row = self.by_arm.setdefault(
+                self.arm_names[s.arm], {"steps": 0, "drafted": 0, "accepted": 0, "committed": 0}
+            )
+            row["steps"] += 1
+            row["drafted"] += s.drafted
+            row["accepted"] += s.accepted
+            row["committed"] += s.committed
         self.drafted += s.drafted
         self.accepted += s.accepted
         grow = max(s.drafted - len(self.drafted_at), 0)
@@ -116,5 +131,6 @@ class GenerationStats:
             "rollback_s": round(self.rollback_s, 6),
             "setup_s": round(self.setup_s, 6),
             "prefill_s": round(self.prefill_s, 6),
+            "by_arm": {k: dict(v) for k, v in self.by_arm.items()},
             **{k: v for k, v in self.policy.items() if k != "config"},
         }

@@ -1,7 +1,5 @@
 """A complete custom drafter: guess that the token after x is whatever followed x last time."""
 
-from collections.abc import Sequence
-
 import adaspec
 from adaspec.drafters import Draft, DraftContext
 
@@ -10,24 +8,22 @@ class LastFollower:
     name = "last-follower"
     needs_taps: tuple[int, ...] = ()  # no target hidden states needed
     vocab_size = None  # only proposes ids it has seen
-    cheap_draft = True  # draft() is a few dict lookups
 
     def __init__(self, max_len: int = 4):
         self.max_len, self.tokens, self.next_of = max_len, [], {}
 
-    def prefill(self, prompt_tokens: Sequence[int], ctx: DraftContext) -> None:
+    def prefill(self, prompt_tokens: list[int], ctx: DraftContext) -> None:
         self.tokens, self.next_of = [], {}
         self.advance(prompt_tokens, ctx)
 
-    def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None:
+    def advance(self, committed_tokens: list[int], ctx: DraftContext) -> None:
         for t in committed_tokens:
             if self.tokens:
                 self.next_of[self.tokens[-1]] = t
             self.tokens.append(t)
 
     def rollback(self, n: int) -> None:
-        kept = self.tokens[: len(self.tokens) - n]
-        self.prefill(kept, None)  # simple and exact: rebuild from what is left
+        self.prefill(self.tokens[: len(self.tokens) - n], None)  # simple and exact: rebuild
 
     def draft(self, ctx: DraftContext) -> Draft:
         out, last = [], self.tokens[-1]
@@ -37,4 +33,8 @@ class LastFollower:
         return Draft(tuple(out))
 
 
-adaspec.register_drafter("last-follower", lambda arg, target, settings: LastFollower(int(arg or 4)))
+def factory(args, target, settings):  # --drafter last-follower:max_len=6, or pld+last-follower
+    return LastFollower(args.get("max_len", 4))
+
+
+adaspec.register_drafter("last-follower", factory, options={"max_len": int}, path=None)

@@ -1,0 +1,260 @@
+"""Several drafters side by side (arms): the policy picks one per step, every arm stays in sync
+with the committed sequence, the output stays the target's; `auto` is PLD then a model drafter."""
+
+import math
+
+import numpy as np
+import pytest
+from drafters_for_tests import ListDrafter
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny import ar_greedy, tiny_model
+from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
+
+from adaspec import settings as settings_mod
+from adaspec.drafters.base import Draft
+from adaspec.drafters.dflash import DFlashDrafter
+from adaspec.drafters.pld import PromptLookup
+from adaspec.drafters.registry import make, make_arms
+from adaspec.errors import DrafterError
+from adaspec.policy import gates
+from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
+from adaspec.policy.stats import StepStats
+from adaspec.targets.base import target_info
+from adaspec.targets.kv import KVTarget
+
+V = 12
+TARGETS = {a: tiny_model(a, vocab=V, seed=2) for a in ("llama", "qwen3")}
+
+
+def pld_then_dflash(target, seed=0, min_match=2, block=6):
+    return [PromptLookup(3, min_match, 6), tiny_drafter(target, seed=seed, block=block)]
+
+
+@settings(max_examples=20)
+@given(
+    arch=st.sampled_from(sorted(TARGETS)),
+    motif=st.lists(st.integers(0, V - 1), min_size=1, max_size=5),
+    repeats=st.integers(1, 4),
+    max_tokens=st.integers(1, 24),
+    seed=st.integers(0, 999),
+    min_match=st.integers(1, 3),
+    gated=st.booleans(),
+)
+def test_greedy_output_equals_ar_and_every_arm_stays_in_sync(
+    arch, motif, repeats, max_tokens, seed, min_match, gated
+):
+    target = TARGETS[arch]
+    prompt = motif * repeats
+    pld, dfl = pld_then_dflash(target, seed, min_match)
+    policy = GatedPolicy(PolicyConfig()) if gated else AlwaysSpeculate()
+    dec = Decoder(KVTarget(target), [pld, dfl], DecodeConfig(max_tokens=max_tokens), policy)
+    out = [e.token for e in decode(dec, prompt)]
+    assert out == ar_greedy(target, prompt, max_tokens)
+    assert pld.tokens == dec.committed == prompt + out
+    assert dfl.cache.length == len(dec.committed) - 1
+
+
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_both_arms_draft_and_the_model_context_follows_the_copies(arch):
+    target = TARGETS[arch]
+    prompt = [1, 2, 3, 4, 5] * 3 + [7, 9, 11, 0, 6, 8, 10]
+    pld, dfl = pld_then_dflash(target, seed=1)
+    dec = Decoder(KVTarget(target), [pld, dfl], DecodeConfig(max_tokens=40))
+    out = [e.token for e in decode(dec, prompt)]
+    assert out == ar_greedy(target, prompt, 40)
+    by_arm = dec.stats.by_arm
+    assert by_arm["pld"]["steps"] > 0 and by_arm["dflash"]["steps"] > 0, by_arm
+    assert sum(r["steps"] for r in by_arm.values()) == dec.stats.spec_steps
+    assert_context_matches_fresh_prefill(target, dfl, dec.committed)
+
+
+class TapRecorder(ListDrafter):
+    """Proposes nothing; records the tap features it is given."""
+
+    name = "recorder"
+
+    def __init__(self, taps):
+        super().__init__()
+        self.needs_taps = taps
+        self.rows: list[np.ndarray] = []
+
+    def prefill(self, prompt_tokens, ctx):
+        super().prefill(prompt_tokens, ctx)
+        self.rows = [np.array(ctx.features)]
+
+    def advance(self, committed_tokens, ctx):
+        super().advance(committed_tokens, ctx)
+        self.rows.append(np.array(ctx.features))
+
+    def draft(self, ctx):
+        return Draft()
+
+
+def test_each_arm_gets_the_tap_features_it_asked_for():
+    """Arms with different tap layers: the target computes the union once and each arm gets
+    its own layers' columns, in its own order, as if it were alone."""
+    target = TARGETS["llama"]
+    dfl = tiny_drafter(target, taps=(0, 1))
+    rec = TapRecorder((1,))
+    alone = TapRecorder((1,))
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3]
+    dec = Decoder(KVTarget(target), [dfl, rec], DecodeConfig(max_tokens=10))
+    out = [e.token for e in decode(dec, prompt)]
+    ref = Decoder(KVTarget(target), [alone], DecodeConfig(max_tokens=10))
+    assert [e.token for e in decode(ref, prompt)] == out
+    got, want = np.concatenate(rec.rows), np.concatenate(alone.rows)
+    assert got.shape == want.shape == (len(prompt) + 9, target.args.hidden_size)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def plain(t=0.05):
+    return StepStats(committed=1, verify_s=t)
+
+
+def drafted(arm, k, accepted, draft_s, verify_s):
+    return StepStats(
+        drafted=k,
+        accepted=accepted,
+        committed=accepted + 1,
+        arm=arm,
+        draft_s=draft_s,
+        verify_s=verify_s,
+    )
+
+
+def two_arms(**cfg):
+    pol = GatedPolicy(PolicyConfig(entropy=None, **cfg))
+    pol.start(["pld", "model"])
+    return pol
+
+
+def test_the_policy_prices_each_arm_apart():
+    pol = two_arms(commit=None)
+    for _ in range(3):
+        pol.observe(plain())
+    for _ in range(10):  # free copies, all accepted
+        pol.observe(drafted(0, 8, 8, 1e-4, 0.09))
+    copies, model = pol.length
+    assert model.accept == () and copies.accept[0] > 0.9
+    for _ in range(10):  # a model drafter: 0.04 s per token, mostly rejected
+        pol.observe(drafted(1, 2, 0, 0.08, 0.06))
+    plan = dict(pol.plan().arms)
+    assert plan[1] < plan[0]
+    assert pol.length[0].draft_cost < 1e-3 < pol.length[1].draft_cost
+
+
+def test_an_arm_gives_way_when_a_later_one_commits_more_per_second():
+    pol = two_arms(commit=None)
+    for _ in range(3):
+        pol.observe(plain())
+    for _ in range(6):  # free copies, always rejected at once
+        pol.observe(drafted(0, 3, 0, 1e-4, 0.07))
+    assert [a for a, _ in pol.plan().arms] == [0, 1]  # the model is not judged yet
+    asked = []
+    for _ in range(16):  # a model drafter: 0.02 s per token, all accepted
+        pol.observe(drafted(1, 3, 3, 0.06, 0.07))
+        asked.append([a for a, _ in pol.plan().arms])
+    # copies only on exploration steps (every 8th), so their estimate stays fresh
+    assert sum(0 in a for a in asked) == 2 and all(1 in a for a in asked)
+
+
+def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes_on():
+    """PLD + a weak model drafter: once plain steps are expected to commit more per second
+    than the model's drafts, the model stops (PLD does not) and comes back as probes on the
+    floor's growing backoff; an arm alone is left to the gates."""
+    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
+    pol = two_arms(probe=probe)
+    for _ in range(3):
+        pol.observe(plain())
+    for _ in range(4):  # copies: good
+        pol.observe(drafted(0, 4, 4, 1e-4, 0.08))
+    weak = drafted(1, 2, 0, 0.04, 0.07)  # 1 token in 0.11 s: AR does 1 in 0.05
+    pol.observe(weak)
+    assert [a for a, _ in pol.plan().arms] == [0] and not pol.floor.floored
+    waits = []
+    for _ in range(4):  # each probe loses: 4, 8, 16, 32 other steps before the next
+        n = 0
+        while 1 not in dict(pol.plan().arms):
+            pol.observe(plain())
+            n += 1
+        waits.append(n)
+        pol.observe(weak)
+    assert waits == [4, 8, 16, 32] and pol.held[1].floors == 5
+    # the losing probes were judged by the model's own floor: the copies were never floored
+    assert pol.floor.floors == 0 and pol.held[0].floors == 0 and 0 in dict(pol.plan().arms)
+    alone = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    alone.start(["model"])
+    for _ in range(3):
+        alone.observe(plain())
+    alone.observe(drafted(0, 2, 0, 0.04, 0.07))
+    assert not alone.plan().plain and alone.held[0].floors == 0  # the commit gate's call
+
+
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_a_floor_is_lifted_by_a_strong_copy_and_costly_arms_are_not_peeked(arch):
+    """While floored, the arms measured as free (PLD) are asked for a strong draft before each
+    plain step; a long prompt-lookup match lifts the floor. An arm measured as costly is not
+    asked; one never measured is asked once, which measures it."""
+    target = TARGETS[arch]
+    for prompt, strong in (([3, 1, 4, 1, 5, 9, 2, 6] * 3, True), (list(range(12)), False)):
+        pld, dfl = pld_then_dflash(target, seed=4)
+        pol = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1000)))
+        dec = Decoder(KVTarget(target), [pld, dfl], DecodeConfig(max_tokens=8), policy=pol)
+        dec.prefill(prompt)
+        pol.clock.t_ar = 0.05
+        pol.floor = gates.on_floor(pol.cfg.probe, pol.floor)
+        calls = []
+        real = dfl.draft
+        dfl.draft = lambda c, real=real, calls=calls: calls.append(c) or real(c)
+        plan = pol.plan()
+        assert plan.plain and plan.peek == (0, 1)  # neither measured yet
+        assert dec.peek(plan) is strong
+        assert pol.lifts == int(strong) and pol.floor.floored is not strong
+        assert len(calls) == int(not strong)  # PLD came first; a lift ends the look
+        if not strong:
+            pol.length[1] = pol.length[1].__class__(draft_cost=0.01)  # 20% of a plain step
+            assert pol.plan().peek == (0,)
+    assert not math.isnan(pol.length[0].draft_cost)
+
+
+def test_specs_with_several_arms_and_auto(tmp_path):
+    target = TARGETS["llama"]
+    info = target_info(target)
+    tiny_drafter(target, block=5).save(tmp_path / "ck")
+    s = settings_mod.from_env({"ADASPEC_AUTO_PLD_MIN_MATCH": "3"})
+    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
+    assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
+    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)
+    assert pld.min_ngram == 1 and dfl.block == 3
+    (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
+    assert isinstance(only, PromptLookup) and only.min_ngram == 1
+    arms = make_arms(f"pld:max_ngram=4+dflash:{tmp_path / 'ck'},block=4", info, s)
+    assert [type(a) for a in arms] == [PromptLookup, DFlashDrafter]
+    assert arms[0].max_ngram == 4 and arms[1].block == 4
+    assert make_arms("none", info, s) == [] and make("none", info, s) is None
+    with pytest.raises(DrafterError, match="names 2 drafters; accepted here: one"):
+        make("pld+pld", info, s)
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("pld+nope", "unknown drafter 'nope'; accepted: none, auto, dflash, draft-model, pld"),
+        ("pld+none", "'none' cannot be an arm"),
+        ("pld+", "has an arm without a name"),
+        ("pld:max_ngram=x", "pld argument max_ngram='x' is not an integer"),
+        ("pld:maxngram=2", "pld argument maxngram='2' is invalid; accepted: max_ngram=<int>"),
+        ("pld:somewhere", "pld takes no positional argument, got 'somewhere'"),
+        ("pld:max_ngram=2,max_ngram=3", "pld argument max_ngram is given twice"),
+        ("draft-model:m,q=maybe", "draft-model argument q='maybe' is not a bool"),
+        ("pld:,x", "pld argument 'x' is invalid; accepted: KEY=VALUE"),
+        ("auto:pld", "PLD already comes first"),
+        ("", "drafter spec '' is empty"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_part(spec, match):
+    info = target_info(TARGETS["llama"])
+    with pytest.raises(DrafterError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        make(spec, info, settings_mod.from_env({}))
