@@ -1,5 +1,5 @@
-"""The sampler's knobs, a value that targets, drafters and the policy all read, so it sits
-below the three of them."""
+"""The sampler's knobs and its inverse-CDF draw, which targets, drafters and the policy all
+use, so they sit below the three of them."""
 
 from __future__ import annotations
 
@@ -39,3 +39,9 @@ class SamplingParams:
         if not (isinstance(self.min_tokens_to_keep, int) and self.min_tokens_to_keep >= 1):
             raise bad("min_tokens_to_keep", self.min_tokens_to_keep, "an integer >= 1")
         return self
+
+
+def sample(p: np.ndarray, u: float) -> int:
+    """Inverse-CDF draw from an unnormalized non-negative vector p with uniform u in [0, 1)."""
+    c = np.cumsum(p)
+    return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))

@@ -21,11 +21,7 @@ MAX_FUNCTION_LINES = 60
 
 # Known exceptions, outside the targets/bench layers and being rewritten with the
 # controller/policy/drafters protocol; each entry is removed when its module is.
-KNOWN_UPWARD = {
-    # the draft model builds q with the policy's sampling filters and samples with its sampler
-    ("adaspec.drafters.draft_model", "adaspec.policy.sampling"),
-    ("adaspec.drafters.draft_model", "adaspec.policy.acceptance"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 KNOWN_LONG_FUNCTIONS: set[str] = set()
 
 

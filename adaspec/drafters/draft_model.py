@@ -19,9 +19,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
-from ..policy import sampling
-from ..policy.acceptance import sample
+from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext
@@ -169,7 +169,7 @@ class DraftLM:
             return Draft()
         params = ctx.sampling
         if params is None and ctx.temperature > 0:
-            params = sampling.SamplingParams(temp=ctx.temperature)
+            params = SamplingParams(temp=ctx.temperature)
         feed = self._pending()
         setup_s = self._catch_up(feed[:-1]) if len(feed) > CATCH_UP else 0.0
         feed = feed[-1:] if setup_s else feed
@@ -209,7 +209,7 @@ class DraftLM:
         return _ids(out), k - 1
 
     def _sampled(
-        self, feed: list[int], k: int, params: sampling.SamplingParams, rng: np.random.Generator
+        self, feed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
     ) -> tuple[list[int], np.ndarray, int]:
         """Sample each token from q = the target's sampler applied to the draft's logits."""
         x: Sequence[int] = feed
@@ -229,8 +229,8 @@ class DraftLM:
         return toks, wide, fed
 
     @staticmethod
-    def _q(logits: mx.array, params: sampling.SamplingParams) -> np.ndarray:
-        p = sampling.probs(sampling.logprobs(logits[None]), params)[0]
+    def _q(logits: mx.array, params: SamplingParams) -> np.ndarray:
+        p = distributions.probs(distributions.logprobs(logits[None]), params)[0]
         q = np.asarray(p, dtype=np.float64)
         return q / q.sum()
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DrafterError
+from ..sampling_params import sample
 
 
 @dataclass(frozen=True)
@@ -28,12 +29,6 @@ def accept_greedy(draft: Sequence[int], target_argmax: Sequence[int]) -> Outcome
     while n < len(draft) and draft[n] == target_argmax[n]:
         n += 1
     return Outcome(n, (*draft[:n], int(target_argmax[n])))
-
-
-def sample(p: np.ndarray, u: float) -> int:
-    """Inverse-CDF draw from an unnormalized non-negative vector p with uniform u in [0, 1)."""
-    c = np.cumsum(p)
-    return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))
 
 
 def accept_sample_match(

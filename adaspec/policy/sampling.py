@@ -1,4 +1,5 @@
-"""Target distributions as mlx-lm's AR path builds them: processors, filters, temperature."""
+"""What the decode loop does with the target's logits beside the distributions themselves
+(adaspec.distributions): logits processors, lazily read rows, p1, the end-of-sequence cut."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..sampling_params import SamplingParams
+from ..distributions import logprobs, probs  # noqa: F401  (the loop's distributions)
+from ..sampling_params import SamplingParams  # noqa: F401
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
@@ -30,28 +32,6 @@ def apply_processors(
             row = proc(tokens, row)
         rows.append(row)
     return mx.concatenate(rows, axis=0)
-
-
-def logprobs(logits: mx.array) -> mx.array:
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-
-
-def filtered(lp: mx.array, params: SamplingParams) -> mx.array:
-    """mlx-lm's make_sampler filter chain, in its order (top-p, min-p, top-k)."""
-    from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
-
-    if 0 < params.top_p < 1.0:
-        lp = apply_top_p(lp, params.top_p)
-    if params.min_p != 0.0:
-        lp = apply_min_p(lp, params.min_p, params.min_tokens_to_keep)
-    if params.top_k > 0:
-        lp = apply_top_k(lp, params.top_k)
-    return lp
-
-
-def probs(lp: mx.array, params: SamplingParams) -> mx.array:
-    """The distribution mlx-lm's categorical sampler draws from: softmax(filtered / temp)."""
-    return mx.softmax(filtered(lp, params) * (1.0 / params.temp), axis=-1)
 
 
 class LazyRows:
