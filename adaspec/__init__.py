@@ -8,9 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import SettingsError as _SettingsError
 from .kernels import blas as _blas
 
-_blas.ensure()
+try:
+    _blas.ensure()
+except _SettingsError as _exc:
+    # every call that reads the settings raises this error again (the CLI prints it in one
+    # line), so nothing runs on bad settings; importing stays possible, with this warning
+    import warnings
+
+    warnings.warn(f"{_exc}; adaspec refuses to run until it is fixed", RuntimeWarning, 2)
 
 __version__ = "0.1.0"
 

@@ -144,12 +144,21 @@ def test_the_blas_loader_reads_cc_and_ld_library_path_from_settings(tmp_path, mo
         ({"ADASPEC_GATEE": "off"}, "SettingsError: unknown environment variable ADASPEC_GATEE"),
     ],
 )
-def test_import_fails_at_start_on_a_bad_environment(env, message):
+def test_a_bad_environment_fails_at_the_first_use_and_in_one_line_on_the_cli(env, message):
+    """`import adaspec` warns; the first call that reads the settings raises SettingsError;
+    the CLI prints the error in one line (no traceback) and exits with 2."""
     import os
 
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
-    out = subprocess.run(
-        [sys.executable, "-c", "import adaspec"],
-        capture_output=True, text=True, env={**environ, **env},
+    environ = {**{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}, **env}
+    code = (
+        "import adaspec, adaspec.settings as s\n"
+        "try:\n    s.get()\nexcept Exception as e:\n    print(type(e).__name__ + ': ' + str(e))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environ)
+    assert out.returncode == 0 and message in out.stdout and "RuntimeWarning" in out.stderr
+    cli = subprocess.run(
+        [sys.executable, "-m", "adaspec", "models", "list"],
+        capture_output=True, text=True, env=environ,
     )  # fmt: skip
-    assert out.returncode == 1 and message in out.stderr
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    assert message.removeprefix("SettingsError: ") in cli.stderr

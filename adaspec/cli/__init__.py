@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
+        from ..settings import get
+
+        get()  # a bad or unknown ADASPEC_* variable fails here, in one line
         return int(args.func(args) or 0)
     except AdaspecError as exc:
         print(f"adaspec {args.command}: error: {exc}", file=sys.stderr)
