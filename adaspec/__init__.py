@@ -25,6 +25,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "stream_generate": ("adaspec.api", "stream_generate"),
     "generate": ("adaspec.api", "generate"),
+    "make_prompt_cache": ("adaspec.api", "make_prompt_cache"),
+    "PromptCache": ("adaspec.api", "PromptCache"),
     "load": ("adaspec.targets.loader", "load"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.registry", "make"),

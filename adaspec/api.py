@@ -114,6 +114,46 @@ def _held_back(text: str, stop: Sequence[str]) -> int:
     return best
 
 
+class PromptCache:
+    """What a generation leaves for the next one on the same model: the target's mlx-lm cache,
+    the drafter arms and the tokens they hold. Pass it as `prompt_cache=` with the whole next
+    prompt: only the tokens past the common prefix are prefilled (recurrent state only when
+    the held tokens are a prefix of the new prompt). Serves one generation at a time."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any = None,
+        *,
+        drafter: Drafters = None,
+        settings: settings_mod.Settings | None = None,
+    ):
+        self.model = model
+        self.tokenizer = None if tokenizer is None else _wrap_tokenizer(tokenizer)
+        self.settings = settings or settings_mod.get()
+        self.reset()
+        self.arms = resolve_drafters(drafter, self.target.info, self.settings)
+
+    def reset(self) -> None:
+        """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
+        s = self.settings
+        self.target = make_target(
+            self.model, self.tokenizer, prefill_step=s.prefill_step, rollback=s.rollback
+        )
+        self.tokens: list[int] = []
+
+
+def make_prompt_cache(
+    model: Any,
+    tokenizer: Any = None,
+    *,
+    drafter: Drafters = None,
+    settings: settings_mod.Settings | None = None,
+) -> PromptCache:
+    """A PromptCache for `model` speculating with `drafter` (as in `stream_generate`)."""
+    return PromptCache(model, tokenizer, drafter=drafter, settings=settings)
+
+
 def stream_generate(
     model: Any,
     tokenizer: Any,
@@ -131,10 +171,13 @@ def stream_generate(
     stop: Sequence[str] = (),
     policy: SpecPolicy | None = None,
     settings: settings_mod.Settings | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[Response]:
     """Generate like `mlx_lm.stream_generate`, speculating with `drafter`: a DraftModel, a
     registry spec such as "pld", "dflash:DIR" or "pld+dflash" (several arms, the policy picks
-    one per step), a list of those, or None for plain AR. Output is the target's."""
+    one per step), a list of those, or None for plain AR. Output is the target's.
+    With `prompt_cache` (from `make_prompt_cache`, which names the drafter), `prompt` is the
+    whole prompt and the part the cache already holds is not prefilled again."""
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise GenerationArgumentError(f"max_tokens={max_tokens!r} is invalid; accepted: >= 1")
     if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
@@ -142,13 +185,19 @@ def stream_generate(
     settings = settings or settings_mod.get()
     tokenizer = _wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
-    target = make_target(
-        model, tokenizer, prefill_step=settings.prefill_step, rollback=settings.rollback
+    pc = prompt_cache
+    _check_cache(pc, model, drafter)
+    target = (
+        pc.target
+        if pc
+        else make_target(
+            model, tokenizer, prefill_step=settings.prefill_step, rollback=settings.rollback
+        )
     )
     params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(
         target.info.vocab_size
     )
-    arms = resolve_drafters(drafter, target.info, settings)
+    arms = pc.arms if pc else resolve_drafters(drafter, target.info, settings)
     cfg = DecodeConfig(
         max_tokens=max_tokens,
         sampling=params,
@@ -156,8 +205,45 @@ def stream_generate(
         logits_processors=tuple(logits_processors or ()),
     )
     pol = policy or default_policy(arms, settings)
-    decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed))
-    yield from _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
+    held = pc.tokens if pc else ()
+    decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
+    texts = _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
+    yield from _kept(pc, decoder, texts) if pc else texts
+
+
+def _check_cache(pc: PromptCache | None, model: Any, drafter: Drafters) -> None:
+    if pc is None:
+        return
+    if not isinstance(pc, PromptCache):
+        raise GenerationArgumentError(
+            f"prompt_cache={type(pc).__name__} is invalid; accepted: adaspec.make_prompt_cache()"
+        )
+    if pc.model is not model:
+        raise GenerationArgumentError(
+            "prompt_cache was made for another model; accepted: a cache made for this model"
+        )
+    if drafter is not None:
+        raise GenerationArgumentError(
+            f"drafter={drafter!r} given with a prompt_cache; accepted: the drafter named in "
+            "make_prompt_cache(model, tokenizer, drafter=...)"
+        )
+
+
+def _kept(pc: PromptCache, decoder: Decoder, texts: Iterator[Response]) -> Iterator[Response]:
+    """Hand the committed tokens to the cache when the generation ends or is abandoned (the
+    decode loop has rolled everything back to them); after an error, start it afresh."""
+    ok = False
+    try:
+        yield from texts
+        ok = True
+    except GeneratorExit:
+        ok = True
+        raise
+    finally:
+        if ok:
+            pc.tokens = decoder.committed
+        else:
+            pc.reset()
 
 
 def _texts(
@@ -173,7 +259,8 @@ def _texts(
     try:
         for n, ev in enumerate(events):
             if n == 0:
-                prompt_tps = len(ids) / max(time.perf_counter() - tic, 1e-9)
+                fed = len(ids) - decoder.stats.cached_tokens
+                prompt_tps = fed / max(time.perf_counter() - tic, 1e-9)
                 tic = time.perf_counter()
             if ev.token in decoder.cfg.eos_ids:
                 finish = "stop"

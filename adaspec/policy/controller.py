@@ -106,6 +106,9 @@ class Decoder:
     policy: SpecPolicy = field(default_factory=AlwaysSpeculate)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     stats: GenerationStats = field(default_factory=GenerationStats)
+    # tokens the target and the arms already hold, as a finished decode left them (a reused
+    # prompt cache); prefill feeds only what the next prompt adds past their common prefix
+    held: Sequence[int] = ()
 
     def __post_init__(self) -> None:
         d = self.drafters
@@ -113,7 +116,7 @@ class Decoder:
             () if d is None else tuple(d) if isinstance(d, (list, tuple)) else (d,)  # type: ignore[arg-type]
         )
         self.taps = _tap_union(self.arms)
-        self.committed: list[int] = []
+        self.committed: list[int] = [int(t) for t in self.held]
         self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
         self._queued: _Queued | None = None
         names = [a.name for a in self.arms]
@@ -142,13 +145,36 @@ class Decoder:
         cols = [self.taps.index(t) for t in arm.needs_taps]
         return mx.concatenate([feats[..., c * h : (c + 1) * h] for c in cols], axis=-1)
 
+    def _reusable(self, prompt: list[int]) -> int:
+        """Cached positions `prompt` can keep: its common prefix with the held tokens, less one
+        (the arms are told the rest as committed tokens, each with the features of the position
+        before it). Recurrent state is never rolled back: all of it is kept, or nothing."""
+        held, n = self.committed, 0
+        while n < min(len(held), len(prompt)) and held[n] == prompt[n]:
+            n += 1
+        keep = min(n - 1, len(prompt) - 2, self.target.offset)
+        if keep <= 0 or (self.target.rollback_kind != "trim" and keep < self.target.offset):
+            return 0
+        return keep
+
     def prefill(self, prompt: Sequence[int]) -> None:
         t0 = time.perf_counter()
-        self.committed = [int(t) for t in prompt]
-        feats = self.target.prefill(self.committed[:-1], self.taps)
+        ids = [int(t) for t in prompt]
+        keep = self._reusable(ids) if self.committed else 0
+        if self.committed:  # a reused cache: back to the shared prefix, or to empty
+            self.target.rollback(self.target.offset - keep)
+            for arm in self.arms if keep else ():
+                arm.rollback(len(self.committed) - keep - 1)
+        self.committed = ids
+        feats = self.target.prefill(ids[keep:-1], self.taps)
         for arm in self.arms:
-            arm.prefill(self.committed, self._ctx(features=self._features(arm, feats)))
-        self.stats.prompt_tokens = len(self.committed)
+            ctx = self._ctx(features=self._features(arm, feats))
+            if keep:
+                arm.advance(ids[keep + 1 :], ctx)
+            else:
+                arm.prefill(ids, ctx)
+        self.stats.prompt_tokens = len(ids)
+        self.stats.cached_tokens = keep
         self.stats.prefill_s = time.perf_counter() - t0
 
     def peek(self, plan: Plan) -> bool:

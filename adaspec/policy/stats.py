@@ -42,6 +42,7 @@ class GenerationStats:
     """Cumulative over a generation; tau counts the bonus token, over speculative steps only."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt positions a reused prompt cache already held
     prefill_s: float = 0.0
     steps: int = 0
     spec_steps: int = 0
@@ -131,6 +132,7 @@ class GenerationStats:
             "rollback_s": round(self.rollback_s, 6),
             "setup_s": round(self.setup_s, 6),
             "prefill_s": round(self.prefill_s, 6),
+            "cached_tokens": self.cached_tokens,
             "by_arm": {k: dict(v) for k, v in self.by_arm.items()},
             **{k: v for k, v in self.policy.items() if k != "config"},
         }
