@@ -174,7 +174,7 @@ def test_costly_drafts_shrink_under_rejections_and_grow_under_full_acceptance():
 
 
 def test_one_accepted_draft_is_not_taken_for_certainty():
-    """The Qwen pair (session 4 trace): plain step 206 ms, a 0.5B draft token 90 ms, a 3-token
+    """The Qwen pair (a traced run): plain step 206 ms, a 0.5B draft token 90 ms, a 3-token
     verify 277 ms, all 3 accepted once. The rule must not jump to 16 tokens (2.3 s, rejected at
     the first token on the real run): it stays within twice the measured length."""
     ms = 1e-3
