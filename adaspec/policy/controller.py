@@ -79,7 +79,8 @@ def _judge(
 ) -> tuple[acceptance.Outcome, mx.array]:
     lp = sampling.logprobs(logits)
     if cfg.sampling.greedy:
-        return acceptance.accept_greedy(draft.tokens, mx.argmax(logits, axis=-1).tolist()), lp
+        argmax: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
+        return acceptance.accept_greedy(draft.tokens, argmax), lp
     p = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
     if draft.probs is not None:
         return acceptance.accept_rejection(draft.tokens, draft.probs, p, rng), lp
@@ -112,9 +113,8 @@ class Decoder:
 
     def __post_init__(self) -> None:
         d = self.drafters
-        self.arms: tuple[DraftModel, ...] = (
-            () if d is None else tuple(d) if isinstance(d, (list, tuple)) else (d,)  # type: ignore[arg-type]
-        )
+        one = d is not None and not isinstance(d, (list, tuple))
+        self.arms: tuple[DraftModel, ...] = (d,) if one else tuple(d or ())  # type: ignore
         self.taps = _tap_union(self.arms)
         self.committed: list[int] = [int(t) for t in self.held]
         self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
@@ -220,7 +220,8 @@ class Decoder:
         token is read, which hides graph-building time as mlx-lm's decoding does."""
         q = self._queued or self._queue([self.committed[-1]])
         self._queued = self._queue(q.token[None]) if queue_next else None
-        return _Verified([int(q.token.item())], 0, q.logprobs[None], q.features)
+        token: int = q.token.item()  # type: ignore[assignment]
+        return _Verified([token], 0, q.logprobs[None], q.features)
 
     def _verify(self, draft: Draft) -> _Verified:
         self._drop_queued()

@@ -34,7 +34,7 @@ def apply_processors(
     return mx.concatenate(rows, axis=0)
 
 
-class LazyRows:
+class LazyRows(Sequence[np.ndarray]):
     """Rows of an (n, V) mx array, converted to float64 numpy only when first read."""
 
     def __init__(self, matrix: mx.array):
@@ -44,7 +44,7 @@ class LazyRows:
     def __len__(self) -> int:
         return int(self._m.shape[0])
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int) -> np.ndarray:  # type: ignore[override]
         if i not in self._rows:
             self._rows[i] = np.asarray(self._m[i], dtype=np.float64)
         return self._rows[i]
@@ -52,7 +52,8 @@ class LazyRows:
 
 def top1_prob(logprobs_row: mx.array) -> float:
     """The target's top-1 probability from one row of log-probabilities (the entropy gate's p1)."""
-    return float(mx.exp(mx.max(logprobs_row)).item())
+    p1: float = mx.exp(mx.max(logprobs_row)).item()  # type: ignore[assignment]
+    return float(p1)
 
 
 def cut_at_eos(tokens: Sequence[int], eos_ids: frozenset[int]) -> list[int]:
