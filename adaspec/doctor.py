@@ -40,20 +40,24 @@ def _median_seconds(fn: Any, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def _median_run(fn: Any, repeats: int, warmup: int = 2) -> tuple[float, float | None]:
-    """(seconds, seconds of it inside routed GEMMs or None without the router) of the run
-    with the median time: a GEMM share taken from the same run as the time it divides."""
+def _median_runs(fns: dict[int, Any], repeats: int, warmup: int = 2) -> dict[int, Any]:
+    """Per key, (seconds, seconds of it inside routed GEMMs or None without the router) of
+    its run with the median time. The functions take turns, so a change in the machine's
+    load falls on every one alike (the ratios between them are the figure), and a GEMM share
+    comes from the same run as the time it divides."""
     from .kernels import blas
 
     for _ in range(warmup):
-        fn()
-    runs = []
+        for fn in fns.values():
+            fn()
+    runs: dict[int, list[tuple[float, float | None]]] = {k: [] for k in fns}
     for _ in range(repeats):
-        g0, t = blas.routed_seconds(), time.perf_counter()
-        fn()
-        t, g1 = time.perf_counter() - t, blas.routed_seconds()
-        runs.append((t, None if g0 is None or g1 is None else sum(g1) - sum(g0)))
-    return sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+        for k, fn in fns.items():
+            g0, t = blas.routed_seconds(), time.perf_counter()
+            fn()
+            t, g1 = time.perf_counter() - t, blas.routed_seconds()
+            runs[k].append((t, None if g0 is None or g1 is None else sum(g1) - sum(g0)))
+    return {k: sorted(r, key=lambda x: x[0])[len(r) // 2] for k, r in runs.items()}
 
 
 def gflops(n: int = 1024, repeats: int = 10) -> float:
@@ -70,11 +74,11 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
 def forward_times(
     model: Any, repeats: int = 7, context: int = CONTEXT, cache: list[Any] | None = None
 ) -> dict[str, Any]:
-    """Warm median milliseconds of forwards of each of SIZES tokens after `context` cached
-    tokens, the 16-token forward's cost in 1-token forwards, and per size the ratio, GFLOP/s,
-    weight GB/s and (with the routed BLAS) ms inside GEMMs (`per_size`). `cache`: an empty
-    prompt cache to time on (a new one if None); it is left holding the `context` prefilled
-    tokens only."""
+    """Warm median milliseconds of forwards of each of SIZES tokens (taking turns) after
+    `context` cached tokens, the 16-token forward's cost in 1-token forwards, and per size
+    the ratio, GFLOP/s, weight GB/s and (with the routed BLAS) ms inside GEMMs (`per_size`).
+    `cache`: an empty prompt cache to time on (a new one if None); it is left holding the
+    `context` prefilled tokens only."""
     import mlx.core as mx
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
@@ -100,7 +104,7 @@ def forward_times(
 
     from .kernels import roofline
 
-    runs = {n: _median_run(step(n), repeats) for n in SIZES}
+    runs = _median_runs({n: step(n) for n in SIZES}, repeats)
     times = {n: t * 1e3 for n, (t, _) in runs.items()}
     ms = {f"forward_{n}_ms": t for n, t in times.items()}
     ratio = ms[f"forward_{VERIFY_TOKENS}_ms"] / ms["forward_1_ms"]
