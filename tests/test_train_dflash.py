@@ -73,7 +73,7 @@ def test_default_taps_follow_zlab_rule():
 
 def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
     target, tok = tiny_model("llama", seed=5, scale=1.0), byte_tokenizer()
-    recipe = tiny_recipe(Recipe(corpus=str(corpus), hyper=Hyper(lr=3e-3)))
+    recipe = tiny_recipe(Recipe(corpus=str(corpus), head=48, hyper=Hyper(lr=3e-3)))
     out = tmp_path / "drafter"
     m = train_dflash(target, tok, out, recipe, progress=False)
     losses = [v for _, v in m["loss"]]
@@ -89,6 +89,15 @@ def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
     again = train_dflash(target, tok, out, recipe, progress=False)
     assert again["loss"] == m["loss"]
     assert (out / "work" / "responses" / "index.json").stat().st_mtime_ns == stamp
+
+    # the head set: the target's most frequent predictions over the training labels, EOS first
+    ids = np.asarray(mx.load(str(out / "model.safetensors"))["head_token_ids"])
+    assert m["head_tokens"] == len(ids) == 48 and len(set(ids.tolist())) == 48
+    assert ids[0] in tok.eos_token_ids
+    counts = np.zeros(target.args.vocab_size, dtype=np.int64)
+    for path in (out / "work" / "features").glob("*.npz"):
+        counts += np.bincount(np.load(path)["greedy"], minlength=len(counts))
+    assert set(np.argsort(-counts)[:10].tolist()) <= set(ids.tolist())  # the most predicted
 
     # the saved drafter loads through the public path and keeps the output lossless
     info = target_info(target, tok)

@@ -16,12 +16,13 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.dflash_checkpoint import save_model
+from ..drafters.dflash_head import select_head_tokens
 from ..drafters.dflash_model import DFlashModel
 from ..prompting import prompt_ids
 from ..targets.base import TargetInfo, embedding_and_head, target_info
 from . import card
 from .corpus import PromptRecord, build_prompts
-from .data import TrainSeq, extract_features
+from .data import TrainSeq, extract_features, load_labels
 from .generate import answer_prompts, default_rows
 from .objective import TrainingError
 from .recipe import Recipe
@@ -188,6 +189,22 @@ def _drafter(model: Any, cfg: Any, info: TargetInfo, recipe: Recipe) -> DFlashMo
     return drafter
 
 
+def head_set(
+    seqs: list, features: Path, recipe: Recipe, vocab_size: int, tokenizer: Any
+) -> np.ndarray | None:
+    """The draft head's ids: the target's most frequent predictions over the training
+    sequences' labels, EOS first; None for the full vocabulary (recipe.head 0 or >= V)."""
+    if not 0 < recipe.head < vocab_size:
+        return None
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for s in seqs:
+        if not s.heldout:
+            greedy = load_labels(features, s, recipe.hyper.topk).greedy
+            counts += np.bincount(greedy, minlength=vocab_size)[:vocab_size]
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
+    return select_head_tokens(counts, recipe.head, always=[i for i in eos if i < vocab_size])
+
+
 def train_dflash(
     model: Any,
     tokenizer: Any,
@@ -225,7 +242,8 @@ def train_dflash(
         recipe.hyper,
     )
     history = trainer.run(progress=progress)
-    save_model(drafter, out, dtype="float16")
+    head = head_set(seqs, work / "features", recipe, info.vocab_size, tokenizer)
+    save_model(drafter, out, dtype="float16", head_token_ids=head)
     metrics = {
         "recipe": {**asdict(recipe), "hyper": asdict(recipe.hyper)},
         "mask_token": {"id": mask_id, "why": why},
@@ -235,6 +253,7 @@ def train_dflash(
             **data_summary(seqs),
             "labels_by_depth": trainer.label_counts(),
         },
+        "head_tokens": 0 if head is None else len(head),
         "steps": history.step,
         "loss": history.loss,
         "evals": history.evals,

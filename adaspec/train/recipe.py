@@ -83,13 +83,16 @@ class Recipe:
     # "target": drafter layers start as copies of the target's last ones; "random"; or the
     # folder of a drafter checkpoint of the same shape to go on training (a warm start)
     init: str = "target"
+    # draft head: the `head` ids the target predicts most often in the training labels (EOS
+    # first), stored in the checkpoint; 0 or >= the vocabulary: the full vocabulary
+    head: int = 16384
     hyper: Hyper = field(default_factory=Hyper)
 
     def __post_init__(self) -> None:
         for k in ("max_prompt", "max_new", "layers", "n_taps"):
             if getattr(self, k) < 1:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 1")
-        for k in ("gen_batch", "respond"):
+        for k in ("gen_batch", "respond", "head"):
             if (getattr(self, k) or 0) < 0:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 0")
         if self.n_news < 0 or self.n_code < 0 or self.n_news + self.n_code < 2:
