@@ -21,3 +21,21 @@ def prob_rows(v: int, rows: int):
     """(rows, v) strictly positive probability rows, as nested lists."""
     row = st.lists(st.floats(0.05, 1.0), min_size=v, max_size=v)
     return st.lists(row, min_size=rows, max_size=rows)
+
+
+@st.composite
+def token_trees(draw, vocab: int, max_nodes: int = 8, min_nodes: int = 0):
+    """(tokens, parents) of a deterministic draft tree: parents before children (-1: the last
+    committed token), distinct tokens among siblings."""
+    n = draw(st.integers(min_nodes, max_nodes))
+    tokens: list[int] = []
+    parents: list[int] = []
+    for i in range(n):
+        p = draw(st.integers(-1, i - 1))
+        taken = {t for t, q in zip(tokens, parents) if q == p}
+        free = [t for t in range(vocab) if t not in taken]
+        if not free:
+            break
+        tokens.append(draw(st.sampled_from(free)))
+        parents.append(p)
+    return tokens, parents

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from ..errors import DrafterError
+
 if TYPE_CHECKING:
     import mlx.core as mx
 
@@ -21,10 +23,15 @@ class Draft:
     tokens: (k,) token ids that would follow the last committed token; k may be 0 ("decode one
     token plainly"). probs: (k, V) the drafter's distribution q at each drafted position, only
     for stochastic drafters (rejection sampling needs it); None means the draft is deterministic.
+    parents: a token tree instead of a chain: parents[i] is the node that tokens[i] follows
+      (-1: the last committed token), every parent before its children. probs[i] is then the
+      distribution tokens[i] was drawn from, given its parent and its earlier siblings. A
+      chain-shaped tree is stored as a chain (parents None).
     """
 
     tokens: tuple[int, ...] = ()
     probs: np.ndarray | None = None
+    parents: tuple[int, ...] | None = None
     strong: bool = False  # the drafter is confident (e.g. a long exact match): may lift a floor
     # seconds of one-time work inside draft() that the next step will not repeat (a draft model
     # catching up on tokens committed while floored): counted in the stats, not held against
@@ -40,9 +47,62 @@ class Draft:
                 f"Draft.probs must have shape (k, V) with k={len(self.tokens)} drafted tokens; "
                 f"got {self.probs.shape}"
             )
+        if self.parents is not None:
+            parents = tuple(int(p) for p in self.parents)
+            _check_tree(self.tokens, parents, self.probs is None)
+            chain = parents == tuple(range(-1, len(parents) - 1))
+            object.__setattr__(self, "parents", None if chain else parents)
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def depths(self) -> tuple[int, ...]:
+        """Tokens on the path from the last committed token to each node, the node included."""
+        if self.parents is None:
+            return tuple(range(1, len(self.tokens) + 1))
+        d: list[int] = []
+        for p in self.parents:
+            d.append(1 if p < 0 else d[p] + 1)
+        return tuple(d)
+
+    def best_chain(self) -> Draft:
+        """The chain a target that verifies chains only gets: the first child at each level
+        (drafters put their likeliest child first)."""
+        if self.parents is None:
+            return self
+        path, cur = [], -1
+        for i, p in enumerate(self.parents):
+            if p == cur:
+                path.append(i)
+                cur = i
+        probs = None if self.probs is None else self.probs[path]
+        toks = tuple(self.tokens[i] for i in path)
+        return Draft(toks, probs, None, self.strong, self.setup_s)
+
+
+def _check_tree(tokens: tuple[int, ...], parents: tuple[int, ...], deterministic: bool) -> None:
+    if len(parents) != len(tokens):
+        raise DrafterError(
+            f"Draft.parents has {len(parents)} entries for {len(tokens)} tokens; accepted: one "
+            "parent per token"
+        )
+    seen: set[tuple[int, int]] = set()
+    for i, p in enumerate(parents):
+        if not -1 <= p < i:
+            raise DrafterError(
+                f"Draft.parents[{i}] = {p} is illegal; accepted: -1 (the last committed token) "
+                f"or an earlier node 0..{i - 1} (parents before children)"
+            )
+        if deterministic and (p, tokens[i]) in seen:
+            raise DrafterError(
+                f"Draft node {i} repeats token {tokens[i]} under parent {p}; accepted: distinct "
+                "siblings in a deterministic tree"
+            )
+        seen.add((p, tokens[i]))
 
 
 @dataclass
@@ -51,7 +111,8 @@ class DraftContext:
 
     tokens: the committed sequence (prompt + generated), read-only.
     max_draft: most tokens the drafter may propose now (room left and the policy's cap for
-      this drafter).
+      this drafter); for a tree, the most tokens on any path.
+    tree_nodes: most nodes a tree draft may hold now; 0 means chains only.
     features: (m, F) target tap features for the m newly cached positions, or None when the
       drafter declares no taps. In `prefill` the rows are prompt_tokens[:-1]; in `advance` row i
       is the position whose logits predicted committed_tokens[i].
@@ -64,6 +125,7 @@ class DraftContext:
     tokens: Sequence[int]
     max_draft: int
     features: mx.array | None = None
+    tree_nodes: int = 0
     temperature: float = 0.0
     rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
     sampling: SamplingParams | None = None
