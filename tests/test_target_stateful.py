@@ -5,12 +5,14 @@ import numpy as np
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from strategies import token_trees
 from tiny import VOCAB, tiny_model
 
 from adaspec.targets import make_target
 from adaspec.targets.kv import KVTarget
 
 MODELS = {"llama": tiny_model("llama"), "qwen3": tiny_model("qwen3")}
+MODELS_TREE = {a: KVTarget(m).tree_unsupported for a, m in MODELS.items()}
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -19,7 +21,7 @@ class CacheMachine(RuleBasedStateMachine):
         prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=20),
     )
     def start(self, arch, prompt):
-        self.model = MODELS[arch]
+        self.model, self.arch = MODELS[arch], arch
         self.target = KVTarget(self.model, prefill_step=7)
         self.target.prefill(prompt)
         self.cached = list(prompt)  # the list model: tokens in the cache
@@ -30,6 +32,25 @@ class CacheMachine(RuleBasedStateMachine):
         keep = data.draw(st.integers(0, len(tokens)), label="keep")
         self.target.rollback(len(tokens) - keep)
         self.cached += tokens[:keep]
+
+    @rule(
+        root=st.integers(0, VOCAB - 1),
+        tree=token_trees(VOCAB, max_nodes=10, min_nodes=1),
+        data=st.data(),
+    )
+    def verify_tree_then_keep_a_path(self, root, tree, data):
+        if MODELS_TREE[self.arch]:  # a chain-only target is tested by the other rules
+            return
+        tokens, parents = tree
+        self.target.forward_tree([root, *tokens], parents)
+        path, cur = [], -1
+        while kids := [i for i, p in enumerate(parents) if p == cur]:
+            if not data.draw(st.booleans(), label="deeper"):
+                break
+            cur = data.draw(st.sampled_from(kids), label="child")
+            path.append(cur)
+        self.target.keep_path(path)
+        self.cached += [root, *(tokens[i] for i in path)]
 
     @rule(data=st.data())
     def rollback_committed(self, data):

@@ -41,6 +41,7 @@ class Target(Protocol):
     """What the controller needs from a target; `rollback_kind` says how rollback works."""
 
     rollback_kind: str  # "trim" (KV caches) | "replay" (recurrent state)
+    tree_unsupported: str  # "" when forward_tree works, else why the target verifies chains only
     info: TargetInfo
 
     @property
@@ -51,6 +52,18 @@ class Target(Protocol):
     def forward(self, tokens: Sequence[int] | mx.array, taps: tuple[int, ...] = ()) -> Forward: ...
 
     def rollback(self, n: int) -> None: ...
+
+    def forward_tree(
+        self, tokens: Sequence[int], parents: Sequence[int], taps: tuple[int, ...] = ()
+    ) -> Forward:
+        """Feed [last committed token, nodes...] as a tree (parents per node, -1: the first
+        token); row 0 of the result is the first token, row i+1 node i."""
+        ...
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """After forward_tree: keep the first token and the nodes of `path` (root down), drop
+        the rest."""
+        ...
 
 
 def inner_model(model: Any) -> Any:
@@ -160,6 +173,8 @@ def _check_taps(info: TargetInfo, taps: tuple[int, ...]) -> None:
 class CacheTarget:
     """What both adapters share: the mlx-lm cache, the tapped forward and chunked prefill."""
 
+    tree_unsupported = "recurrent state"
+
     def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -208,3 +223,11 @@ class CacheTarget:
         self._offset += len(tokens)
         feats = mx.concatenate(hs, axis=-1) if taps else None
         return Forward(logits.astype(mx.float32), feats)
+
+    def forward_tree(
+        self, tokens: Sequence[int], parents: Sequence[int], taps: tuple[int, ...] = ()
+    ) -> Forward:
+        raise TargetError(f"this target verifies chains only: {self.tree_unsupported}")
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        raise TargetError(f"this target verifies chains only: {self.tree_unsupported}")

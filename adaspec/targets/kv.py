@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import TargetError
-from .base import CacheTarget
+from .base import CacheTarget, Forward, layer_list, model_type
+from .tree import keep_path, tree_attention, tree_unsupported
 
 
 class KVTarget(CacheTarget):
@@ -24,6 +26,8 @@ class KVTarget(CacheTarget):
                 f"{', '.join(bad)}; accepted here: models whose caches are all trimmable "
                 "(KVCache, ...); recurrent targets (ArraysCache) go through make_target"
             )
+        self.tree_unsupported = tree_unsupported(model_type(model), layer_list(model), self.cache)
+        self._tree_base = -1  # the root's slot of the latest tree forward
 
     def rollback(self, n: int) -> None:
         if n < 0 or n > self._offset:
@@ -38,3 +42,29 @@ class KVTarget(CacheTarget):
                     "a rotating cache cannot be rolled back after it wraps"
                 )
         self._offset -= n
+
+    def forward_tree(
+        self, tokens: Sequence[int], parents: Sequence[int], taps: tuple[int, ...] = ()
+    ) -> Forward:
+        if self.tree_unsupported:
+            raise TargetError(f"this target verifies chains only: {self.tree_unsupported}")
+        if len(tokens) != len(parents) + 1:
+            raise TargetError(
+                f"forward_tree got {len(tokens)} tokens for {len(parents)} nodes; accepted: "
+                "the last committed token followed by one token per node"
+            )
+        self._tree_base = self._offset
+        with tree_attention(layer_list(self.model), parents, self._offset):
+            return self.forward(tokens, taps)
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        base = self._tree_base
+        keep = base + 1 + len(path)
+        if base < 0 or keep > self._offset:
+            raise TargetError(
+                f"keep_path({list(path)}) does not fit the latest tree forward; accepted: "
+                "a path of the tree just fed, once"
+            )
+        keep_path(self.cache, base, path)
+        self._tree_base = -1
+        self.rollback(self._offset - keep)
