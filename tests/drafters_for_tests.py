@@ -121,3 +121,53 @@ def check_refusal(drafter: ScriptedDrafter, out: list[int], err: DrafterError | 
     assert f"drafter 'scripted' proposed {n} tokens; at most {cap} allowed" in str(err)
     assert committed == drafter.n_prompt + len(out)  # nothing after the over-long draft
     return True
+
+
+class TreeDrafter(ListDrafter):
+    """Follows a program of (mode, nodes, seed): a random tree of up to `nodes` nodes within
+    ctx's budget, with one root-to-leaf branch set to the AR continuation ("oracle"), to it with
+    one token changed ("corrupt"), or left random ("random"); siblings stay distinct."""
+
+    def __init__(self, program, reference, n_prompt: int, vocab: int):
+        super().__init__()
+        self.program, self.reference, self.n_prompt, self.vocab = (
+            program,
+            reference,
+            n_prompt,
+            vocab,
+        )
+        self.step = 0
+        self.branches: list[int] = []  # length of the branch each tree hid the reference in
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        mode, n, seed = self.program[self.step % len(self.program)]
+        self.step += 1
+        assert list(ctx.tokens) == self.tokens, "drafter view diverged from the controller's"
+        rng = np.random.default_rng(seed)
+        n = min(n, max(ctx.tree_nodes, 1), ctx.max_draft if ctx.tree_nodes == 0 else n)
+        if n <= 0 or ctx.max_draft <= 0:
+            return Draft()
+        parents, depth = [], []
+        for i in range(n):
+            ok = [p for p in range(-1, i) if (1 if p < 0 else depth[p] + 1) <= ctx.max_draft]
+            parents.append(int(rng.choice(ok)) if ctx.tree_nodes else i - 1)
+            depth.append(1 if parents[-1] < 0 else depth[parents[-1]] + 1)
+        done = len(self.tokens) - self.n_prompt
+        truth = list(self.reference[done:]) + [int(x) for x in rng.integers(0, self.vocab, n)]
+        chain, cur = [], -1
+        while kids := [i for i, p in enumerate(parents) if p == cur]:
+            cur = int(rng.choice(kids))
+            chain.append(cur)
+        self.branches.append(len(chain))
+        tokens = [-1] * n
+        if mode != "random":
+            for j, node in enumerate(chain):
+                tokens[node] = truth[j]
+            if mode == "corrupt":
+                j = chain[int(rng.integers(0, len(chain)))]
+                tokens[j] = (tokens[j] + 1 + int(rng.integers(0, self.vocab - 1))) % self.vocab
+        for i in range(n):  # fill the rest with tokens distinct from their siblings
+            taken = {tokens[j] for j in range(n) if parents[j] == parents[i] and j != i}
+            while tokens[i] < 0 or tokens[i] in taken:
+                tokens[i] = int(rng.integers(0, self.vocab))
+        return Draft(tuple(tokens), parents=tuple(parents))

@@ -39,3 +39,15 @@ def token_trees(draw, vocab: int, max_nodes: int = 8, min_nodes: int = 0):
         tokens.append(draw(st.sampled_from(free)))
         parents.append(p)
     return tokens, parents
+
+
+# A step instruction for a tree drafter: what kind of tree, how many nodes, its seed.
+tree_program = st.lists(
+    st.tuples(
+        st.sampled_from(("oracle", "corrupt", "random")),
+        st.integers(0, 16),
+        st.integers(0, 1 << 30),
+    ),
+    min_size=1,
+    max_size=20,
+)

@@ -29,6 +29,7 @@ class DecodeConfig:
     eos_ids: frozenset[int] = frozenset()
     logits_processors: tuple = ()
     max_draft: int = 64  # hard cap on drafted tokens per step
+    tree_nodes: int = 0  # most nodes of a draft tree (0: chains only)
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,14 @@ class _Queued:
     features: mx.array | None
 
 
-def _check_draft(d: Draft, cap: int, vocab: int, name: str) -> None:
-    if len(d) > cap:
-        raise DrafterError(f"drafter {name!r} proposed {len(d)} tokens; at most {cap} allowed")
+def _check_draft(d: Draft, cap: int, vocab: int, name: str, nodes: int = 0) -> None:
+    deep = max(d.depths(), default=0)
+    if deep > cap:
+        raise DrafterError(f"drafter {name!r} proposed {deep} tokens; at most {cap} allowed")
+    if d.is_tree and len(d) > nodes:
+        raise DrafterError(
+            f"drafter {name!r} proposed a tree of {len(d)} nodes; at most {nodes} allowed"
+        )
     bad = [t for t in d.tokens if not 0 <= t < vocab]
     if bad:
         raise DrafterError(
@@ -78,6 +84,14 @@ def _judge(
     logits: mx.array, draft: Draft, cfg: DecodeConfig, rng: np.random.Generator
 ) -> tuple[acceptance.Outcome, mx.array]:
     lp = sampling.logprobs(logits)
+    if draft.parents is not None:
+        if cfg.sampling.greedy:
+            top = mx.argmax(logits, axis=-1).tolist()
+            return acceptance.accept_tree_greedy(draft.tokens, draft.parents, top), lp
+        rows = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
+        return acceptance.accept_tree_sample(
+            draft.tokens, draft.parents, rows, rng, draft.probs
+        ), lp
     if cfg.sampling.greedy:
         argmax: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
         return acceptance.accept_greedy(draft.tokens, argmax), lp
@@ -119,6 +133,15 @@ class Decoder:
         self.committed: list[int] = [int(t) for t in self.held]
         self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
         self._queued: _Queued | None = None
+        # why drafts are chains here whatever the drafters would propose ("" = trees verified)
+        self.chains_only = (
+            "ADASPEC_TREE_NODES=0"
+            if self.cfg.tree_nodes <= 0
+            else "logits processors"
+            if self.cfg.logits_processors
+            else self.target.tree_unsupported
+        )
+        self.stats.chains_only = self.chains_only
         names = [a.name for a in self.arms]
         self.stats.arm_names = [
             n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)
@@ -130,6 +153,7 @@ class Decoder:
             tokens=self.committed,
             max_draft=max_draft,
             features=features,
+            tree_nodes=0 if self.chains_only else self.cfg.tree_nodes,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
             sampling=self.cfg.sampling,
@@ -185,7 +209,9 @@ class Decoder:
             d = arm.draft(self._ctx(max_draft=self.cfg.max_draft))
             self.policy.observe_peek(a, len(d), time.perf_counter() - t0)
             # held to the same rules as a verified draft, so a broken drafter fails the same way
-            _check_draft(d, self.cfg.max_draft, self.target.info.vocab_size, arm.name)
+            _check_draft(
+                d, self.cfg.max_draft, self.target.info.vocab_size, arm.name, self.cfg.tree_nodes
+            )
             if d.strong and self.policy.lift():
                 return True
         return False
@@ -198,7 +224,10 @@ class Decoder:
                 break
             arm = self.arms[a]
             d = arm.draft(self._ctx(max_draft=cap))
-            _check_draft(d, cap, self.target.info.vocab_size, arm.name)
+            _check_draft(d, cap, self.target.info.vocab_size, arm.name, self.cfg.tree_nodes)
+            if d.is_tree and self.chains_only:
+                d = d.best_chain()
+                self.stats.count_chained(self.chains_only)
             if len(d):
                 return a, d
         return None, Draft()
@@ -226,6 +255,8 @@ class Decoder:
     def _verify(self, draft: Draft) -> _Verified:
         self._drop_queued()
         fed = [self.committed[-1], *draft.tokens]
+        if draft.parents is not None:
+            return self._verify_tree(fed, draft)
         fwd = self.target.forward(fed, self.taps)
         logits = sampling.apply_processors(
             fwd.logits, self.committed, fed, self.cfg.logits_processors
@@ -233,6 +264,18 @@ class Decoder:
         outcome, lp = _judge(logits, draft, self.cfg, self.rng)
         new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
         return _Verified(new, min(outcome.accepted, len(new)), lp, fwd.features)
+
+    def _verify_tree(self, fed: list[int], draft: Draft) -> _Verified:
+        """One forward over the tree; the cache keeps the accepted path, and the rows returned
+        are the ones the committed tokens came from."""
+        assert draft.parents is not None
+        fwd = self.target.forward_tree(fed, draft.parents, self.taps)
+        outcome, lp = _judge(fwd.logits, draft, self.cfg, self.rng)
+        self.target.keep_path(outcome.path)
+        rows = mx.array([0, *(1 + i for i in outcome.path)])
+        feats = None if fwd.features is None else fwd.features[rows]
+        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
+        return _Verified(new, min(outcome.accepted, len(new)), lp[rows], feats)
 
     def step(
         self, room: int, plan: Plan | None = None
@@ -264,7 +307,8 @@ class Decoder:
         s = StepStats(
             committed=len(v.tokens),
             verify_s=t2 - t1,
-            drafted=len(draft),
+            drafted=max(draft.depths(), default=0),
+            nodes=len(draft) if draft.is_tree else 0,
             accepted=v.accepted,
             arm=arm,
             draft_s=t1 - t0,

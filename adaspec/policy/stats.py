@@ -22,6 +22,7 @@ class StepStats:
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
     floored: bool = False  # the policy planned a plain step (floor, or a t_ar measurement)
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
+    nodes: int = 0  # nodes of a verified draft tree (drafted = its depth); 0 for a chain
 
     @property
     def speculative(self) -> bool:
@@ -63,6 +64,16 @@ class GenerationStats:
     # by_arm[name]: speculative steps, drafted, accepted and committed tokens of that arm
     by_arm: dict[str, dict[str, int]] = field(default_factory=dict)
 
+    # trees: steps that verified one and their nodes; why drafts are chains ("" = trees on);
+    # tree drafts turned into their best chain, by reason
+    tree_steps: int = 0
+    tree_nodes: int = 0
+    chains_only: str = ""
+    chained: dict[str, int] = field(default_factory=dict)
+
+    def count_chained(self, reason: str) -> None:
+        self.chained[reason] = self.chained.get(reason, 0) + 1
+
     def record(self, s: StepStats) -> None:
         self.steps += 1
         self.committed += s.committed
@@ -75,6 +86,8 @@ class GenerationStats:
             return
         self.spec_steps += 1
         self.spec_committed += s.committed
+        self.tree_steps += s.nodes > 0
+        self.tree_nodes += s.nodes
         if s.arm is not None and s.arm < len(self.arm_names):
             row = self.by_arm.setdefault(
                 self.arm_names[s.arm], {"steps": 0, "drafted": 0, "accepted": 0, "committed": 0}
@@ -134,5 +147,9 @@ class GenerationStats:
             "prefill_s": round(self.prefill_s, 6),
             "cached_tokens": self.cached_tokens,
             "by_arm": {k: dict(v) for k, v in self.by_arm.items()},
+            "tree_steps": self.tree_steps,
+            "tree_nodes": self.tree_nodes,
+            "chains_only": self.chains_only,
+            "chained": dict(self.chained),
             **{k: v for k, v in self.policy.items() if k != "config"},
         }
