@@ -9,7 +9,7 @@ import sys
 
 from ..errors import AdaspecError
 
-SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash")
+SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra", False):  # serve parses its own flags
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         from ..settings import get

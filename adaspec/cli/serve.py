@@ -1,0 +1,91 @@
+"""`adaspec serve`: mlx-lm's OpenAI-compatible server, every flag of `mlx_lm.server`, plus
+--drafter; generation goes through adaspec's speculative decoder."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import types
+
+from .common import DEFAULT_MODEL
+
+
+class _Captured(Exception):
+    pass
+
+
+def mlx_lm_server_parser() -> argparse.ArgumentParser:
+    """The parser `mlx_lm.server.main` builds, taken before it parses anything, so the flags
+    stay mlx-lm's own (only mlx_lm.server's module-level `argparse` name is swapped)."""
+    import mlx_lm.server as server
+
+    built: list[argparse.ArgumentParser] = []
+
+    class Parser(argparse.ArgumentParser):
+        def parse_args(self, *a, **k):  # type: ignore[override]
+            built.append(self)
+            raise _Captured
+
+    real = server.argparse
+    server.argparse = types.SimpleNamespace(ArgumentParser=Parser)  # type: ignore[assignment]
+    try:
+        server.main()
+    except _Captured:
+        pass
+    finally:
+        server.argparse = real
+    return built[0]
+
+
+def add_parser(sub) -> None:
+    # mlx-lm's flags are read in run(): building their parser imports mlx_lm (~2 s), which
+    # other subcommands should not pay for
+    p = sub.add_parser(
+        "serve",
+        add_help=False,
+        help="OpenAI-compatible server (mlx_lm.server's flags and API), speculating; "
+        "adaspec serve -h lists the flags",
+    )
+    p.set_defaults(func=run, takes_extra=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="adaspec serve",
+        parents=[mlx_lm_server_parser()],
+        conflict_handler="resolve",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"mlx-lm folder, HF id, .gguf file or catalogue name (default {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--drafter",
+        default="auto",
+        help="drafter spec for requests that name none (default: auto, the model's default "
+        "combination); a request's 'drafter' field overrides it; --draft-model M without "
+        "--drafter means draft-model:M",
+    )
+    return p
+
+
+def run(ns: argparse.Namespace) -> int:
+    from mlx_lm.server import ModelProvider
+
+    from ..serve import check_drafter
+    from ..serve import run as serve
+    from ..targets.loader import resolve
+
+    args = build_parser().parse_args(ns.extra)
+    logging.getLogger().setLevel(args.log_level.upper())
+    args.model, _ = resolve(args.model)
+    drafter = args.drafter
+    if args.draft_model and "--drafter" not in ns.extra:
+        drafter = f"draft-model:{args.draft_model}"
+    args.draft_model = None  # a draft model is an adaspec drafter here, not mlx-lm's
+    check_drafter(drafter)
+    logging.info("adaspec serve: %s, drafter %s", args.model, drafter)
+    serve(args.host, args.port, ModelProvider(args), drafter)
+    return 0

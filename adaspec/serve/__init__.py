@@ -1,0 +1,18 @@
+"""`adaspec serve`: mlx-lm's OpenAI-compatible server (request parsing, chat templates, tool
+calls, HTTP) with generation replaced by adaspec's speculative decoder and prompt caches."""
+
+from __future__ import annotations
+
+from .generator import CachePool, SpecResponseGenerator
+from .handler import SpecAPIHandler, check_drafter
+
+__all__ = ["CachePool", "SpecAPIHandler", "SpecResponseGenerator", "check_drafter", "run"]
+
+
+def run(host: str, port: int, provider, drafter: str) -> None:
+    """Serve like `mlx_lm.server.run` until interrupted (one process, no distributed mode)."""
+    from mlx_lm.server import _run_http_server
+
+    pool = CachePool(provider.cli_args.prompt_cache_size)
+    generator = SpecResponseGenerator(provider, pool, drafter)
+    _run_http_server(host, port, generator, handler_class=SpecAPIHandler)
