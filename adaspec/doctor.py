@@ -29,7 +29,8 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _median_seconds(fn: Any, repeats: int, warmup: int = 2) -> float:
+def seconds(fn: Any, repeats: int, warmup: int = 2, pick: Any = statistics.median) -> float:
+    """`pick` (median by default) of the wall seconds of `repeats` warm calls of fn"""
     for _ in range(warmup):
         fn()
     times = []
@@ -37,7 +38,7 @@ def _median_seconds(fn: Any, repeats: int, warmup: int = 2) -> float:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return float(pick(times))
 
 
 def _median_runs(fns: dict[int, Any], repeats: int, warmup: int = 2) -> dict[int, Any]:
@@ -67,8 +68,7 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
     a = mx.random.normal((n, n), dtype=mx.float32)
     b = mx.random.normal((n, n), dtype=mx.float32)
     mx.eval(a, b)
-    seconds = _median_seconds(lambda: mx.eval(a @ b), repeats)
-    return 2 * n**3 / seconds / 1e9
+    return 2 * n**3 / seconds(lambda: mx.eval(a @ b), repeats) / 1e9
 
 
 def forward_times(

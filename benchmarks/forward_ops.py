@@ -7,9 +7,8 @@ Shapes default to SmolLM2-135M's (hidden 576, 9 heads of 64, 3 kv heads, interme
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
-import time
-
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
+from adaspec import doctor
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,16 +17,9 @@ from mlx_lm.models.activations import swiglu
 D, H, KV, HD, F = 576, 9, 3, 64, 1536
 
 
-def _ms(fn, repeats: int = 9) -> float:
-    """best of `repeats`: the op's own cost, which other jobs on the machine only add to"""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times) * 1e3
+def _ms(fn) -> float:
+    """best of 9: the op's own cost, which other jobs on the machine only add to"""
+    return doctor.seconds(fn, 9, pick=min) * 1e3
 
 
 def ops(m: int, layers: int, context: int) -> dict[str, float]:
