@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="drafter spec for requests that name none (default: auto, the model's default "
         "combination); a request's 'drafter' field overrides it; --draft-model M without "
-        "--drafter means draft-model:M",
+        "--drafter means auto:draft-model:M (prompt lookup, then the model)",
     )
     return p
 
@@ -83,7 +83,7 @@ def run(ns: argparse.Namespace) -> int:
     args.model, _ = resolve(args.model)
     drafter = args.drafter
     if args.draft_model and "--drafter" not in ns.extra:
-        drafter = f"draft-model:{args.draft_model}"
+        drafter = f"auto:draft-model:{args.draft_model}"
     args.draft_model = None  # a draft model is an adaspec drafter here, not mlx-lm's
     check_drafter(drafter)
     logging.info("adaspec serve: %s, drafter %s", args.model, drafter)
