@@ -203,6 +203,7 @@ def stream_generate(
         sampling=params,
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
+        tree_nodes=settings.tree_cap,
     )
     pol = policy or default_policy(arms, settings)
     held = pc.tokens if pc else ()

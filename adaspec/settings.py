@@ -27,6 +27,8 @@ HOST = {"xdg_cache_home": "XDG_CACHE_HOME", "cc": "CC", "ld_library_path": "LD_L
 GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
+TREE_NODES_MAX = 256
+TREE_NODES_AUTO = 16  # the largest tree `auto` tries
 
 # The mapping the next Settings() reads in place of os.environ (from_env's argument)
 _environ: ContextVar[Mapping[str, str] | None] = ContextVar("adaspec_environ", default=None)
@@ -96,6 +98,22 @@ class Settings(BaseSettings):
     # draft-model drafter: stop a draft at the first token the draft model gives less than this
     # probability (0 = draft as many as the policy allows)
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
+    # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only,
+    # auto = the policy sizes trees and falls back to chains when they do not pay
+    tree_nodes: str = "auto"
+
+    @field_validator("tree_nodes", mode="before")
+    @classmethod
+    def _tree_nodes(cls, v: Any) -> str:
+        v = str(v).strip().lower()
+        if v == "auto" or (v.isdigit() and int(v) <= TREE_NODES_MAX):
+            return v if v == "auto" else str(int(v))
+        raise ValueError(f"accepted: auto, or 0..{TREE_NODES_MAX} (0 = chains only)")
+
+    @property
+    def tree_cap(self) -> int:
+        """The node budget's cap: TREE_NODES_AUTO for auto, else the number given."""
+        return TREE_NODES_AUTO if self.tree_nodes == "auto" else int(self.tree_nodes)
 
     @field_validator("blas")
     @classmethod

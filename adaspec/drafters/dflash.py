@@ -209,13 +209,57 @@ class DFlashDrafter:
         if k <= 0:
             return Draft()
         h = self.hidden(k)
+        if ctx.tree_nodes > 1:
+            return self._tree(h, ctx.tree_nodes, ctx.temperature)
         if ctx.temperature <= 0:
             return Draft(self.head.greedy(h))
         return Draft(*self.head.sample(h, ctx.temperature, ctx.rng))
 
+    def _tree(self, h: mx.array, budget: int, temperature: float) -> Draft:
+        """Best-first by cumulative probability under the drafter's per-position distributions
+        (each position drafted once for the whole block, so every branch shares them), within
+        `budget` nodes; deterministic, so under sampling the target's draws decide (lossless)."""
+        logits = self.head.logits(h)
+        if temperature > 0:
+            logits = logits / temperature
+        width = min(budget, self.TREE_WIDTH)
+        top = mx.argsort(-logits, axis=-1)[:, :width]
+        lp = mx.take_along_axis(logits - mx.logsumexp(logits, axis=-1, keepdims=True), top, -1)
+        ids, lp = np.array(top), np.array(lp, dtype=np.float64)
+        if self.head.ids is not None:
+            ids = self.head.ids[ids]
+        return Draft(*best_first(ids, lp, budget))
+
+    TREE_WIDTH = 4  # candidates per position a tree considers
+
     def save(self, path: str | Path, dtype: str = "float32") -> Path:
         """The drafter's checkpoint: weights and the model's stored head token set, if any."""
         return save_model(self.model, path, dtype)
+
+
+def best_first(
+    ids: np.ndarray, logp: np.ndarray, budget: int
+) -> tuple[tuple[int, ...], None, tuple[int, ...]]:
+    """(tokens, None, parents) of the `budget` most probable nodes of the tree whose level j
+    offers ids[j] (each with log-probability logp[j], best first) under every node above it."""
+    import heapq
+
+    k, width = ids.shape
+    heap = [(-float(logp[0, j]), j, 0, j, -1) for j in range(width)]  # score, order, pos, j, parent
+    tokens: list[int] = []
+    parents: list[int] = []
+    order = width
+    while heap and len(tokens) < budget:
+        neg, _, pos, j, parent = heapq.heappop(heap)
+        tokens.append(int(ids[pos, j]))
+        parents.append(parent)
+        if pos + 1 < k:
+            for c in range(width):
+                heapq.heappush(
+                    heap, (neg - float(logp[pos + 1, c]), order, pos + 1, c, len(tokens) - 1)
+                )
+                order += 1
+    return tuple(tokens), None, tuple(parents)
 
 
 def load(

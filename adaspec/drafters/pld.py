@@ -1,4 +1,5 @@
-"""Prompt lookup decoding: propose what followed the latest earlier occurrence of the suffix.
+"""Prompt lookup decoding: propose what followed the latest earlier occurrence of the suffix
+(with a node budget for trees: the distinct continuations of its latest occurrences).
 
 The n-gram index grows by one position per committed token and shrinks on rollback, so a draft
 never rescans the sequence.
@@ -82,8 +83,31 @@ class PromptLookup:
                 toks = tuple(self.tokens[s : s + k])
                 # text being copied: the match runs on well past the n-gram
                 strong = len(toks) >= 2 and self._match_len(s, n) >= self.strong_match
+                if ctx.tree_nodes > len(toks) and len(starts) > 1:
+                    return self._branches(starts, k, ctx.tree_nodes, strong)
                 return Draft(toks, strong=strong)
         return Draft()
+
+    BRANCH_MATCHES = 16  # latest occurrences whose continuations a tree may hold
+
+    def _branches(self, starts: list[int], k: int, budget: int, strong: bool) -> Draft:
+        """The continuations of the latest occurrences as a trie, the latest one first (so
+        the tree's best chain is the chain draft), within `budget` nodes."""
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, int], int] = {}
+        for s in reversed(starts[-self.BRANCH_MATCHES :]):
+            cur = -1
+            for t in self.tokens[s : s + k]:
+                nxt = node_of.get((cur, t))
+                if nxt is None:
+                    if len(tokens) >= budget:
+                        break
+                    nxt = node_of[(cur, t)] = len(tokens)
+                    tokens.append(t)
+                    parents.append(cur)
+                cur = nxt
+        return Draft(tuple(tokens), parents=tuple(parents), strong=strong)
 
     def _match_len(self, s: int, n: int) -> int:
         """How far the suffix matched at start s (n tokens known) really extends backwards."""

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..settings import Settings
-from . import draft_length, gates
+from . import draft_length, gates, tree_size
 from .plan import UNLIMITED, Plan
 from .stats import StepStats
 
@@ -27,6 +27,7 @@ class PolicyConfig:
     # a draft whose measured cost per token is at most this fraction of a plain step is free:
     # it is peeked at while floored (a strong one lifts the floor) and never held back
     free_cost: float = 0.01
+    tree: tree_size.TreeSizeConfig = field(default_factory=tree_size.TreeSizeConfig)
 
     @classmethod
     def from_settings(cls, s: Settings) -> PolicyConfig:
@@ -51,6 +52,7 @@ class PolicyConfig:
             s.gate_t_ar_refresh,
             length,
             s.probe_lift,
+            tree=tree_size.TreeSizeConfig(s.tree_cap, auto=s.tree_nodes == "auto"),
         )
 
 
@@ -99,6 +101,9 @@ class GatedPolicy:
         # cost of drafting nothing), and the floor that holds a losing arm back
         self.length: list[draft_length.LengthState] = []
         self.held: list[gates.FloorState] = []
+        # per arm: tokens per second by tree node budget; the budget planned for the step
+        self.trees: list[tree_size.TreeSizeState] = []
+        self.tree_planned, self.tree_arm = 0, -1
         self._reset_gates()
 
     def start(self, arms: Sequence[str]) -> None:
@@ -106,6 +111,7 @@ class GatedPolicy:
             self.names = list(arms)
             self.length = [draft_length.LengthState() for _ in arms]
             self.held = [gates.FloorState() for _ in arms]
+            self.trees = [tree_size.TreeSizeState() for _ in arms]
 
     def _reset_gates(self) -> None:
         self.entropy = gates.EntropyState()
@@ -126,12 +132,19 @@ class GatedPolicy:
             self.measure_steps += 1
             return Plan()
         if self.cfg.length is None:
-            return Plan(tuple((a, UNLIMITED) for a in range(n)))
+            return Plan(tuple((a, UNLIMITED) for a in range(n)), tree_nodes=self._tree_nodes(0))
         order = [a for a in range(n) if not self.held[a].floored]
         order = [a for i, a in enumerate(order) if not self._outranked(a, order[i + 1 :])]
         return Plan(
-            tuple((a, draft_length.choose_k(self.cfg.length, self.length[a])) for a in order)
+            tuple((a, draft_length.choose_k(self.cfg.length, self.length[a])) for a in order),
+            tree_nodes=self._tree_nodes(order[0] if order else None),
         )
+
+    def _tree_nodes(self, arm: int | None) -> int:
+        """The node budget for a tree drafted by `arm` (the plan's first)."""
+        self.tree_planned = 0 if arm is None else tree_size.choose(self.cfg.tree, self.trees[arm])
+        self.tree_arm = -1 if arm is None else arm
+        return self.tree_planned
 
     def _free(self, a: int) -> bool:
         """Arm a's drafts cost next to nothing (unmeasured counts as free: a peek measures it)."""
@@ -191,10 +204,14 @@ class GatedPolicy:
         self.context = step.context
         self.clock.observe(step)
         arm = step.arm if step.speculative else None
-        if self.cfg.length is not None:
+        if self.cfg.length is not None and step.nodes == 0:  # a tree's cost is not a chain's
             for a in range(len(self.names)):
                 if arm is None or arm == a:
                     self.length[a] = self._learn(self.cfg.length, self.length[a], step)
+        if arm is not None and arm == self.tree_arm:
+            self.trees[arm] = tree_size.observe(
+                self.cfg.tree, self.trees[arm], self.tree_planned, step.committed, step.judged_s
+            )
         # a draft made as a held arm's probe is judged by that arm's floor alone: a losing
         # probe must not floor the other arms with it
         held_probe = arm is not None and self.held[arm].probing
@@ -247,6 +264,9 @@ class GatedPolicy:
             "lifts": self.lifts,
             "measure_steps": self.measure_steps,
             "arm_floors": {n: h.floors for n, h in zip(self.names, self.held)},
+            "tree_nodes": {
+                n: tree_size.choose(self.cfg.tree, t) for n, t in zip(self.names, self.trees)
+            },
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),
         }

@@ -148,12 +148,14 @@ class Decoder:
         ]
         self.policy.start(names)
 
-    def _ctx(self, max_draft: int = 0, features: mx.array | None = None) -> DraftContext:
+    def _ctx(
+        self, max_draft: int = 0, features: mx.array | None = None, tree_nodes: int = 0
+    ) -> DraftContext:
         return DraftContext(
             tokens=self.committed,
             max_draft=max_draft,
             features=features,
-            tree_nodes=0 if self.chains_only else self.cfg.tree_nodes,
+            tree_nodes=tree_nodes,
             temperature=self.cfg.sampling.temp,
             rng=self.rng,
             sampling=self.cfg.sampling,
@@ -218,16 +220,17 @@ class Decoder:
 
     def _draft(self, plan: Plan, room: int) -> tuple[int | None, Draft]:
         """Ask the plan's arms in order; the first non-empty draft is the step's."""
+        nodes = 0 if self.chains_only else min(self.cfg.tree_nodes, plan.tree_nodes)
         for a, cap in plan.arms:
             cap = min(cap, self.cfg.max_draft, room - 1)
             if cap <= 0:
                 break
             arm = self.arms[a]
-            d = arm.draft(self._ctx(max_draft=cap))
-            _check_draft(d, cap, self.target.info.vocab_size, arm.name, self.cfg.tree_nodes)
-            if d.is_tree and self.chains_only:
+            d = arm.draft(self._ctx(max_draft=cap, tree_nodes=nodes))
+            if d.is_tree and not nodes:  # the drafter ignored ctx.tree_nodes == 0
                 d = d.best_chain()
-                self.stats.count_chained(self.chains_only)
+                self.stats.count_chained(self.chains_only or "the policy chose a chain")
+            _check_draft(d, cap, self.target.info.vocab_size, arm.name, nodes)
             if len(d):
                 return a, d
         return None, Draft()

@@ -21,11 +21,14 @@ class Plan:
       so the controller may queue their forwards (as mlx-lm pipelines its decoding).
     peek: arms to ask before a plain step for a `strong` draft, which may lift the floor
       (arms whose drafts the policy measured as free; their drafts are otherwise not verified).
+    tree_nodes: most nodes a draft tree may hold this step (within DecodeConfig.tree_nodes;
+      0: chains only).
     """
 
     arms: tuple[tuple[int, int], ...] = ()
     plain_ahead: int = 0
     peek: tuple[int, ...] = ()
+    tree_nodes: int = UNLIMITED
 
     @property
     def plain(self) -> bool:
