@@ -3,6 +3,7 @@ speculates (ADASPEC_GATE=off, no adaptive length), so tau = committed tokens per
 the drafter's quality, not the policy's. T=0; each output is checked against mlx-lm's greedy AR.
 
     python benchmarks/dflash_tau.py [--drafter dflash] [--drafter auto] [--k 7] [--max-tokens 128]
+        [--tree-nodes 0] [--tree-nodes 16]   (each drafter with each node budget; 0 = chains)
 """
 
 import argparse
@@ -35,18 +36,25 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--tree-nodes", action="append", default=[])
     args = ap.parse_args()
-    drafters = args.drafter or ["dflash", "auto"]
+    trees = args.tree_nodes or ["0"]
+    drafters = [
+        (d, t, f"{d}" + (f" tree {t}" if len(trees) > 1 else ""))
+        for d in args.drafter or ["dflash", "auto"]
+        for t in trees
+    ]
     model, tok = load(args.model)
-    settings = from_env({}, gate="off", draft_adaptive=False, draft_max=args.k)
+    base = dict(gate="off", draft_adaptive=False, draft_max=args.k)
     prompts = load_suite(SUITE)[: args.limit]
     rows = []
     for p in prompts:
         ids = prompt_ids(tok, p.messages)
         n = args.max_tokens
         want = greedy_ar(model, tok, ids, n)
-        for d in drafters:
+        for d, tree, label in drafters:
             got, last = [], None
+            settings = from_env({}, tree_nodes=tree, **base)
             for r in stream_generate(model, tok, ids, drafter=d, max_tokens=n, settings=settings):
                 got.append(r.token)
                 last = r
@@ -55,7 +63,8 @@ def main() -> None:
                 {
                     "id": p.id,
                     "category": p.category,
-                    "drafter": d,
+                    "drafter": label,
+                    "tree_nodes": s.tree_nodes,
                     "tau": s.spec_committed / max(s.spec_steps, 1),
                     "steps": s.spec_steps,
                     "at": list(s.accepted_at),
@@ -63,7 +72,8 @@ def main() -> None:
                     "identical": got == want,
                 }
             )
-            print(f"{p.id:20s} {d:10s} tau {rows[-1]['tau']:.2f}", flush=True)
+            print(f"{p.id:20s} {label:14s} tau {rows[-1]['tau']:.2f}", flush=True)
+    drafters = [label for _, _, label in drafters]
     by = defaultdict(list)
     for r in rows:
         by[(r["drafter"], r["category"])].append(r["tau"])
