@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--tree-nodes", action="append", default=[])
+    ap.add_argument("--every", type=int, default=1, help="every Nth prompt of the suite")
     args = ap.parse_args()
     trees = args.tree_nodes or ["0"]
     drafters = [
@@ -46,7 +47,7 @@ def main() -> None:
     ]
     model, tok = load(args.model)
     base = dict(gate="off", draft_adaptive=False, draft_max=args.k)
-    prompts = load_suite(SUITE)[: args.limit]
+    prompts = load_suite(SUITE)[:: args.every][: args.limit]
     rows = []
     for p in prompts:
         ids = prompt_ids(tok, p.messages)
@@ -72,7 +73,8 @@ def main() -> None:
                     "identical": got == want,
                 }
             )
-            print(f"{p.id:20s} {label:14s} tau {rows[-1]['tau']:.2f}", flush=True)
+            same = "" if rows[-1]["identical"] else "  DIFFERS from AR"
+            print(f"{p.id:20s} {label:14s} tau {rows[-1]['tau']:.2f}{same}", flush=True)
     drafters = [label for _, _, label in drafters]
     by = defaultdict(list)
     for r in rows:
