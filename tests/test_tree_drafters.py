@@ -4,15 +4,17 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import prompts
-from tiny import ar_greedy, tiny_model
+from tiny import VOCAB, ar_greedy, byte_tokenizer, tiny_model
 from tiny_dflash import tiny_drafter
 
 from adaspec.drafters.base import Draft, DraftContext
 from adaspec.drafters.dflash import best_first
+from adaspec.drafters.draft_model import DraftLM
 from adaspec.drafters.pld import PromptLookup
 from adaspec.policy import tree_size
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.settings import from_env
+from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget
 
 
@@ -79,3 +81,28 @@ def test_auto_tries_every_budget_then_keeps_the_fastest_and_retries_the_runner_u
     fixed = tree_size.TreeSizeConfig(cap=12)
     assert tree_size.choose(fixed, tree_size.TreeSizeState()) == 12
     assert tree_size.TreeSizeConfig(cap=0, auto=True).budgets() == (0,)
+
+
+@settings(max_examples=10)
+@given(prompt=prompts(VOCAB), n=st.integers(1, 20), k=st.integers(1, 6), nodes=st.integers(2, 12))
+def test_draft_model_trees_keep_greedy_output_equal_to_ar(prompt, n, k, nodes):
+    target, tok = tiny_model("llama"), byte_tokenizer()
+    lm = DraftLM(tiny_model("llama", seed=7, layers=1), tok, target_info(target, tok))
+    dec = Decoder(
+        KVTarget(target, tok), lm, DecodeConfig(max_tokens=n, max_draft=k, tree_nodes=nodes)
+    )
+    assert [e.token for e in decode(dec, prompt)] == ar_greedy(target, prompt, n)
+    assert lm.tokens == dec.committed
+    assert dec.stats.tree_steps > 0 or nodes <= k or dec.stats.spec_steps == 0
+
+
+def test_draft_model_tree_is_the_chain_plus_likeliest_leaves():
+    target, tok = tiny_model("llama"), byte_tokenizer()
+    lm = DraftLM(tiny_model("llama", seed=7, layers=1), tok, target_info(target, tok))
+    prompt = [65, 66, 67]
+    lm.prefill(prompt, DraftContext(prompt, 0))
+    chain = lm.draft(DraftContext(prompt, 3))
+    lm.rollback(0)
+    tree = lm.draft(DraftContext(prompt, 3, tree_nodes=6))
+    assert len(tree) == 6 and tree.best_chain().tokens == chain.tokens
+    assert all(p < 3 for p in tree.parents[3:])  # leaves hang off the chain

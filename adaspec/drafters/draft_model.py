@@ -174,6 +174,10 @@ class DraftLM:
         setup_s = self._catch_up(feed[:-1]) if len(feed) > CATCH_UP else 0.0
         feed = feed[-1:] if setup_s else feed
         self.cached += feed
+        if (params is None or params.greedy) and ctx.tree_nodes > k and not self.min_p1:
+            toks, parents = self._greedy_tree(feed, k, ctx.tree_nodes)
+            self.cached += toks[: k - 1]
+            return Draft(tuple(toks), parents=tuple(parents), setup_s=setup_s)
         if params is None or params.greedy:
             toks, fed = self._greedy(feed, k)
             q = None
@@ -207,6 +211,37 @@ class DraftLM:
             mx.async_eval(tok)
             x = tok
         return _ids(out), k - 1
+
+    TREE_WIDTH = 4  # choices per position a tree may offer
+
+    def _greedy_tree(self, feed: list[int], k: int, budget: int) -> tuple[list[int], list[int]]:
+        """The argmax chain, plus the 2nd..4th choices at its positions as leaves, the likeliest
+        first (the chance the chain reaches the position times the choice's probability), within
+        `budget` nodes. The leaves cost no forward: the model only runs along the chain."""
+        x: Sequence[int] | mx.array = feed
+        ids, probs = [], []
+        w = min(self.TREE_WIDTH, self.n_ids)
+        for _ in range(k):
+            logits = self._forward(x)
+            top = mx.argpartition(-logits, w - 1)[:w]
+            p = mx.softmax(logits)[top]
+            order = mx.argsort(-p)
+            top, p = top[order], p[order]
+            ids.append(top)
+            probs.append(p)
+            mx.async_eval(top, p)
+            x = top[:1]
+        top_ids, top_p = np.array(mx.stack(ids)), np.array(mx.stack(probs), dtype=np.float64)
+        reach = np.concatenate([[1.0], np.cumprod(top_p[:, 0])[:-1]])
+        leaves = sorted(
+            ((reach[j] * top_p[j, c], j, c) for j in range(k) for c in range(1, w)), reverse=True
+        )[: budget - k]
+        tokens = [int(t) for t in top_ids[:, 0]]
+        parents = list(range(-1, k - 1))
+        for _, j, c in sorted(leaves, key=lambda x: (x[1], -x[0])):
+            tokens.append(int(top_ids[j, c]))
+            parents.append(j - 1)
+        return tokens, parents
 
     def _sampled(
         self, feed: list[int], k: int, params: SamplingParams, rng: np.random.Generator
