@@ -224,11 +224,11 @@ class DFlashDrafter:
             logits = logits / temperature
         width = min(budget, self.TREE_WIDTH)
         top = mx.argsort(-logits, axis=-1)[:, :width]
-        lp = mx.take_along_axis(logits - mx.logsumexp(logits, axis=-1, keepdims=True), top, -1)
-        ids, lp = np.array(top), np.array(lp, dtype=np.float64)
+        logp = mx.take_along_axis(logits - mx.logsumexp(logits, axis=-1, keepdims=True), top, -1)
+        ids = np.array(top)
         if self.head.ids is not None:
             ids = self.head.ids[ids]
-        return Draft(*best_first(ids, lp, budget))
+        return Draft(*best_first(ids, np.array(logp, dtype=np.float64), budget))
 
     TREE_WIDTH = 4  # candidates per position a tree considers
 

@@ -95,7 +95,8 @@ def accept_tree_greedy(
 
     target_argmax: (n+1,) row 0 after the last committed token, row i+1 after node i.
     """
-    kids, path, cur = children(parents), [], -1
+    kids, cur = children(parents), -1
+    path: list[int] = []
     while True:
         t = int(target_argmax[cur + 1])
         nxt = next((c for c in kids[cur + 1] if tokens[c] == t), None)
@@ -120,7 +121,8 @@ def accept_tree_sample(
     p: (n+1, V) target rows as for accept_tree_greedy. q: (n, V) the distribution each node was
     drawn from (given its parent and earlier siblings); None: deterministic nodes (one-hot q).
     """
-    kids, path, cur = children(parents), [], -1
+    kids, cur = children(parents), -1
+    path: list[int] = []
     while True:
         row = np.asarray(p[cur + 1], dtype=np.float64)
         nxt = None

@@ -86,7 +86,7 @@ def _judge(
     lp = sampling.logprobs(logits)
     if draft.parents is not None:
         if cfg.sampling.greedy:
-            top = mx.argmax(logits, axis=-1).tolist()
+            top: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
             return acceptance.accept_tree_greedy(draft.tokens, draft.parents, top), lp
         rows = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
         return acceptance.accept_tree_sample(
