@@ -14,7 +14,29 @@ from adaspec.errors import TargetError
 from adaspec.targets import make_target
 from adaspec.targets.kv import KVTarget
 
-MODELS = {a: tiny_model(a) for a in ("llama", "qwen3")}
+
+def tiny_qwen2():
+    """qwen2: biased q/k/v projections, no q/k norms."""
+    from mlx_lm.models import qwen2
+
+    mx.random.seed(4)
+    args = qwen2.ModelArgs(
+        model_type="qwen2",
+        hidden_size=64,
+        num_hidden_layers=2,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        vocab_size=VOCAB,
+        tie_word_embeddings=True,
+    )
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+MODELS = {a: tiny_model(a) for a in ("llama", "qwen3")} | {"qwen2": tiny_qwen2()}
 TAPS = (0, 1)
 
 
@@ -74,5 +96,5 @@ def test_recurrent_and_unknown_targets_say_why_they_verify_chains_only():
     assert recurrent.tree_unsupported == "recurrent state"
     with pytest.raises(TargetError, match="chains only: recurrent state"):
         recurrent.forward_tree([1, 2], [-1])
-    assert make_target(MODELS["llama"]).tree_unsupported == ""
+    assert all(make_target(m).tree_unsupported == "" for m in MODELS.values())
     mx.eval(recurrent.forward([1]).logits)
