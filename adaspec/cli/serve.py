@@ -7,7 +7,20 @@ import argparse
 import logging
 import types
 
+from ..errors import GenerationArgumentError
 from .common import DEFAULT_MODEL
+
+# mlx_lm.server flags for machinery adaspec serve replaces: refused unless left at default
+NOT_READ = (
+    "kv_bits",
+    "kv_group_size",
+    "quantized_kv_start",
+    "prompt_cache_bytes",
+    "decode_concurrency",
+    "prompt_concurrency",
+    "num_draft_tokens",
+    "pipeline",
+)
 
 
 class _Captured(Exception):
@@ -78,7 +91,16 @@ def run(ns: argparse.Namespace) -> int:
     from ..serve import run as serve
     from ..targets.loader import resolve
 
-    args = build_parser().parse_args(ns.extra)
+    parser = build_parser()
+    args = parser.parse_args(ns.extra)
+    unread = [
+        f"--{k.replace('_', '-')}" for k in NOT_READ if getattr(args, k) != parser.get_default(k)
+    ]
+    if unread:
+        raise GenerationArgumentError(
+            f"adaspec serve does not read {', '.join(unread)} (KV quantization, batching, "
+            "mlx-lm's fixed draft length, distributed serving); accepted: leave them unset"
+        )
     logging.getLogger().setLevel(args.log_level.upper())
     args.model, _ = resolve(args.model)
     drafter = args.drafter

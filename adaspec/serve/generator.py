@@ -42,20 +42,22 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 class CachePool:
-    """Up to `size` PromptCaches, least recently used first. A request takes the cache of its
-    drafter spec that shares the longest prefix with its prompt, and gives it back when done."""
+    """Up to `size` PromptCaches, least recently used first. A request continuing a cached
+    conversation takes its cache; another gets a new one while there is room, else the cache
+    of its drafter sharing the longest prefix with it (rolled back), else the oldest's place."""
 
     def __init__(self, size: int):
         self.size = max(int(size), 1)
         self.entries: list[tuple[str, PromptCache]] = []
 
     def take(self, spec: str, prompt: list[int], make: Any) -> PromptCache:
-        scored = [(_common(c.tokens, prompt), i) for i, (s, c) in enumerate(self.entries)]
-        scored = [(n, i) for n, i in scored if self.entries[i][0] == spec]
+        scored = [
+            (_common(c.tokens, prompt), i) for i, (s, c) in enumerate(self.entries) if s == spec
+        ]
         full = len(self.entries) >= self.size
         if scored:
             n, i = max(scored)
-            if n > 0 or full:
+            if n >= len(self.entries[i][1].tokens) - 1 or full:
                 return self.entries.pop(i)[1]
         if full:
             self.entries.pop(0)

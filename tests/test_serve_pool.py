@@ -1,0 +1,46 @@
+"""Tier 1: the server's prompt-cache pool policy and the flags `adaspec serve` refuses."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from adaspec.cli import main
+from adaspec.serve import CachePool, check_drafter
+
+
+def cache(tokens):
+    return SimpleNamespace(tokens=list(tokens))
+
+
+def test_pool_continues_a_conversation_and_keeps_the_others():
+    pool = CachePool(3)
+    a, b = cache([1, 2, 3, 4]), cache([1, 2, 9, 9])
+    pool.give("pld", a)
+    pool.give("pld", b)
+    assert pool.take("pld", [1, 2, 3, 4, 5], lambda: "new") is a  # continuation
+    assert pool.take("pld", [1, 2, 7], lambda: "new") == "new"  # room left: b is kept
+    assert pool.take("none", [1, 2, 9, 9, 1], lambda: "new") == "new"  # other drafter
+    assert [c for _, c in pool.entries] == [b]
+
+
+def test_full_pool_rolls_back_the_longest_prefix_or_drops_the_oldest():
+    pool = CachePool(2)
+    a, b = cache([1, 2, 3]), cache([1, 5, 6])
+    pool.give("pld", a)
+    pool.give("pld", b)
+    assert pool.take("pld", [1, 5, 0], lambda: "new") is b
+    pool.give("dflash", cache([4]))
+    assert pool.take("none", [1], lambda: "new") == "new"
+    assert [s for s, _ in pool.entries] == ["dflash"]  # the oldest (a) made room
+
+
+@pytest.mark.parametrize("spec", ["nope", "pld+nope", "pld:bad=1,"])
+def test_bad_drafter_spec_names_drafter(spec):
+    with pytest.raises(ValueError, match="drafter="):
+        check_drafter(spec)
+
+
+def test_serve_refuses_flags_it_does_not_read(capsys):
+    assert main(["serve", "--kv-bits", "4", "--decode-concurrency", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-bits" in err and "--decode-concurrency" in err
