@@ -190,17 +190,22 @@ def rss_mb(proc) -> float:
 
 
 def test_concurrent_load(servers):
-    """8 clients x 5 requests, all answered; resident memory flat after the first round."""
+    """8 clients x 5 requests (each client a 5-turn conversation), all answered, none lost;
+    resident memory flat after the first round."""
     port = servers["adaspec"]
+    chats = [[] for _ in range(8)]
 
-    def one(i, j):
-        msgs = [{"role": "user", "content": f"Client {i} asks question {j}: name a fruit."}]
-        return chat(port, msgs, max_tokens=4)[0]
+    def turn(i, j):
+        chats[i].append({"role": "user", "content": f"Client {i}, question {j}: name a fruit."})
+        text = chat(port, chats[i], max_tokens=4)[0]
+        chats[i].append({"role": "assistant", "content": text})
+        return text
 
     rss = []
     with ThreadPoolExecutor(8) as pool:
         for j in range(5):
-            out = list(pool.map(lambda i, j=j: one(i, j), range(8), timeout=DEADLINE * 2))
+            out = list(pool.map(lambda i, j=j: turn(i, j), range(8), timeout=DEADLINE * 2))
             assert len(out) == 8 and all(isinstance(t, str) and t for t in out)
             rss.append(rss_mb(servers["proc"]))
+    assert all(len(c) == 10 for c in chats)
     assert max(rss[1:]) - rss[0] < 64, rss
