@@ -14,12 +14,12 @@ def cache(tokens):
 
 def test_pool_continues_a_conversation_and_keeps_the_others():
     pool = CachePool(3)
-    a, b = cache([1, 2, 3, 4]), cache([1, 2, 9, 9])
+    a, b = cache([1, 2, 3, 4]), cache([1, 2, 9, 9, 9])
     pool.give("pld", a)
     pool.give("pld", b)
     assert pool.take("pld", [1, 2, 3, 4, 5], lambda: "new") is a  # continuation
     assert pool.take("pld", [1, 2, 7], lambda: "new") == "new"  # room left: b is kept
-    assert pool.take("none", [1, 2, 9, 9, 1], lambda: "new") == "new"  # other drafter
+    assert pool.take("none", [1, 2, 9, 9, 9, 1], lambda: "new") == "new"  # other drafter
     assert [c for _, c in pool.entries] == [b]
 
 

@@ -42,9 +42,11 @@ def _common(a: list[int], b: list[int]) -> int:
 
 
 class CachePool:
-    """Up to `size` PromptCaches, least recently used first. A request continuing a cached
-    conversation takes its cache; another gets a new one while there is room, else the cache
-    of its drafter sharing the longest prefix with it (rolled back), else the oldest's place."""
+    """Up to `size` PromptCaches, least recently used first. A request takes the cache of its
+    drafter sharing the longest prefix with it when that prefix keeps at least half of what the
+    cache holds (a later turn of its conversation: a reply is not always re-tokenized to the
+    tokens generated); otherwise a new cache while there is room, else that longest-prefix
+    cache anyway (rolled back), else the place of the least recently used."""
 
     def __init__(self, size: int):
         self.size = max(int(size), 1)
@@ -57,7 +59,7 @@ class CachePool:
         full = len(self.entries) >= self.size
         if scored:
             n, i = max(scored)
-            if n >= len(self.entries[i][1].tokens) - 1 or full:
+            if 2 * n >= len(self.entries[i][1].tokens) or full:
                 return self.entries.pop(i)[1]
         if full:
             self.entries.pop(0)
