@@ -98,9 +98,10 @@ class Settings(BaseSettings):
     # draft-model drafter: stop a draft at the first token the draft model gives less than this
     # probability (0 = draft as many as the policy allows)
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
-    # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only,
-    # auto = the policy sizes trees and falls back to chains when they do not pay
-    tree_nodes: str = "auto"
+    # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only (the
+    # default until trees are measured to pay here), auto = the policy sizes trees and falls
+    # back to chains when they do not pay
+    tree_nodes: str = "0"
 
     @field_validator("tree_nodes", mode="before")
     @classmethod

@@ -62,7 +62,8 @@ def test_dflash_trees_keep_greedy_output_equal_to_ar(prompt, n, seed):
 
 
 def test_tree_nodes_setting():
-    assert from_env({}).tree_nodes == "auto" and from_env({}).tree_cap == 16
+    assert from_env({}).tree_nodes == "0" and from_env({}).tree_cap == 0  # chains by default
+    assert from_env({"ADASPEC_TREE_NODES": "auto"}).tree_cap == 16
     assert from_env({"ADASPEC_TREE_NODES": "0"}).tree_cap == 0
     assert from_env({"ADASPEC_TREE_NODES": "12"}).tree_cap == 12
 
