@@ -30,11 +30,9 @@ class ListDrafter:
         del self.tokens[len(self.tokens) - n :]
 
 
-class ScriptedDrafter(ListDrafter):
-    """Follows a program of (mode, length, seed) per step; `reference` is the AR continuation
-    of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place.
-    "overlong" drafts are right as far as `reference` goes but 1 + length tokens longer than
-    ctx.max_draft; `overlong` records the first: (its length, ctx.max_draft, tokens committed)."""
+class ProgramDrafter(ListDrafter):
+    """Follows a program of (mode, size, seed) per step against `reference`, the AR
+    continuation of the prompt."""
 
     def __init__(self, program, reference, n_prompt: int, vocab: int):
         super().__init__()
@@ -45,6 +43,16 @@ class ScriptedDrafter(ListDrafter):
             vocab,
         )
         self.step = 0
+
+
+class ScriptedDrafter(ProgramDrafter):
+    """Follows a program of (mode, length, seed) per step; `reference` is the AR continuation
+    of the prompt, so "oracle" drafts are exactly right and "corrupt" ones wrong at one place.
+    "overlong" drafts are right as far as `reference` goes but 1 + length tokens longer than
+    ctx.max_draft; `overlong` records the first: (its length, ctx.max_draft, tokens committed)."""
+
+    def __init__(self, program, reference, n_prompt: int, vocab: int):
+        super().__init__(program, reference, n_prompt, vocab)
         self.overlong: tuple[int, int, int] | None = None
 
     def draft(self, ctx: DraftContext) -> Draft:
@@ -123,20 +131,13 @@ def check_refusal(drafter: ScriptedDrafter, out: list[int], err: DrafterError | 
     return True
 
 
-class TreeDrafter(ListDrafter):
+class TreeDrafter(ProgramDrafter):
     """Follows a program of (mode, nodes, seed): a random tree of up to `nodes` nodes within
     ctx's budget, with one root-to-leaf branch set to the AR continuation ("oracle"), to it with
     one token changed ("corrupt"), or left random ("random"); siblings stay distinct."""
 
     def __init__(self, program, reference, n_prompt: int, vocab: int):
-        super().__init__()
-        self.program, self.reference, self.n_prompt, self.vocab = (
-            program,
-            reference,
-            n_prompt,
-            vocab,
-        )
-        self.step = 0
+        super().__init__(program, reference, n_prompt, vocab)
         self.branches: list[int] = []  # length of the branch each tree hid the reference in
 
     def draft(self, ctx: DraftContext) -> Draft:

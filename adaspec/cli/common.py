@@ -7,12 +7,16 @@ import argparse
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=DEFAULT_MODEL,
         help=f"mlx-lm folder, HF id, .gguf file or catalogue name (default {DEFAULT_MODEL})",
     )
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    add_model_flag(p)
     p.add_argument(
         "--drafter",
         default=None,

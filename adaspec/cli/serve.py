@@ -8,7 +8,7 @@ import logging
 import types
 
 from ..errors import GenerationArgumentError
-from .common import DEFAULT_MODEL
+from .common import add_model_flag
 
 # mlx_lm.server flags for machinery adaspec serve replaces: refused unless left at default
 NOT_READ = (
@@ -69,11 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         conflict_handler="resolve",
         description=__doc__,
     )
-    p.add_argument(
-        "--model",
-        default=DEFAULT_MODEL,
-        help=f"mlx-lm folder, HF id, .gguf file or catalogue name (default {DEFAULT_MODEL})",
-    )
+    add_model_flag(p)
     p.add_argument(
         "--drafter",
         default="auto",
