@@ -52,6 +52,20 @@ def test_save_load_round_trip_gives_identical_drafts(tmp_path):
     assert half.block == 3 and half.model.fc.weight.dtype == mx.float32
 
 
+def test_drafters_from_one_folder_share_weights_until_the_files_change(tmp_path):
+    target = TARGETS["llama"]
+    info = target_info(target)
+    tiny_drafter(target, seed=3).save(tmp_path / "a")
+    one, two = dflash.load(tmp_path / "a", info), dflash.load(tmp_path / "a", info, block=3)
+    assert one.model is two.model and one.cache is not two.cache
+    one.prefill(list(range(10)), ctx(range(10), FEATS[:9]))
+    assert two.tokens == [] and two.cache.length == 0  # contexts stay apart
+    tiny_drafter(target, seed=4).save(tmp_path / "a")  # rewritten: read again
+    three = dflash.load(tmp_path / "a", info)
+    assert three.model is not one.model
+    assert not np.array_equal(np.array(three.model.fc.weight), np.array(one.model.fc.weight))
+
+
 # ---- (g) bad checkpoints and arguments are rejected with clear messages --------------------
 
 

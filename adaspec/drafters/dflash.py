@@ -10,6 +10,7 @@ frequent ids).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -272,8 +273,39 @@ def load(
     head: int | None = None,
 ) -> DFlashDrafter:
     """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
-    model = load_model(path, info)
-    return DFlashDrafter(model, info, block=block, window=window, sink=sink, head=head)
+    return DFlashDrafter(
+        shared_model(path, info), info, block=block, window=window, sink=sink, head=head
+    )
+
+
+_MODELS: dict[tuple, DFlashModel] = {}
+_MODELS_LOCK = threading.Lock()
+MODELS_KEPT = 4
+
+
+def _stamp(folder: Path) -> tuple:
+    """What identifies a checkpoint's files on disk: name, inode, size and mtime of each."""
+    files = sorted(folder.glob("*.json")) + sorted(folder.glob("*.safetensors"))
+    stats = [(f.name, f.stat()) for f in files]
+    return tuple((n, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats)
+
+
+def shared_model(path: str | Path, info: TargetInfo) -> DFlashModel:
+    """The checkpoint's weights, read once per process while its files are unchanged: every
+    drafter made from one folder (generations, the server's pooled prompt caches) shares
+    them; each DFlashDrafter keeps its own context cache. The model is never written to."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return load_model(folder, info)  # raises the clear error
+    key = (str(folder.resolve()), _stamp(folder))
+    with _MODELS_LOCK:
+        model = _MODELS.get(key)
+        if model is None:
+            model = load_model(folder, info)
+            while len(_MODELS) >= MODELS_KEPT:
+                _MODELS.pop(next(iter(_MODELS)))
+            _MODELS[key] = model
+    return model
 
 
 SHIPPED = Path(__file__).parent / "checkpoints"
