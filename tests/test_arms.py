@@ -1,6 +1,7 @@
 """Several drafters side by side (arms): the policy picks one per step, every arm stays in sync
 with the committed sequence, the output stays the target's; `auto` is PLD then a model drafter."""
 
+import json
 import math
 
 import numpy as np
@@ -12,10 +13,11 @@ from tiny import ar_greedy, tiny_model
 from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
 
 from adaspec import settings as settings_mod
+from adaspec.drafters import dflash
 from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.pld import PromptLookup
-from adaspec.drafters.registry import make, make_arms
+from adaspec.drafters.registry import default_spec, make, make_arms
 from adaspec.errors import DrafterError
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
@@ -230,12 +232,32 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     assert pld.min_ngram == 1 and dfl.block == 3
     (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
     assert isinstance(only, PromptLookup) and only.min_ngram == 1
+    assert default_spec(info) == "pld"
     arms = make_arms(f"pld:max_ngram=4+dflash:{tmp_path / 'ck'},block=4", info, s)
     assert [type(a) for a in arms] == [PromptLookup, DFlashDrafter]
     assert arms[0].max_ngram == 4 and arms[1].block == 4
     assert make_arms("none", info, s) == [] and make("none", info, s) is None
     with pytest.raises(DrafterError, match="names 2 drafters; accepted here: one"):
         make("pld+pld", info, s)
+
+
+@pytest.mark.parametrize("marked", [None, False, True])
+def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monkeypatch, marked):
+    target = TARGETS["llama"]
+    info = target_info(target)
+    folder = tmp_path / "shipped" / "tiny"
+    tiny_drafter(target, block=5).save(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["adaspec_target"] = {"model_type": info.model_type}
+    if marked is not None:
+        cfg["adaspec_target"]["in_auto"] = marked
+    (folder / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.setattr(dflash, "SHIPPED", tmp_path / "shipped")
+    s = settings_mod.from_env({})
+    assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
+    got = [type(a) for a in make_arms("auto", info, s)]
+    assert got == ([PromptLookup, DFlashDrafter] if marked else [PromptLookup])
+    assert default_spec(info) == ("auto" if marked else "pld")
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from adaspec.targets.base import layer_list, target_info
 from adaspec.train.pipeline import choose_mask_token
 
 # Open prompts of the dev suite (story, explain, code-gen, math), where PLD rarely has a match
-# and the DFlash drafter does the drafting, plus one grounded prompt for auto's PLD side.
+# and the DFlash drafter does the drafting, plus one grounded prompt for the PLD arm in front of it.
 PROMPTS = [
     "Write a short story about a robot learning to bake bread.",
     "Explain why the sky is blue to a beginner.",
@@ -50,10 +50,12 @@ def test_shipped_drafter_fits_the_target(shipped):
     assert (folder / "README.md").is_file()  # the model card
     drafter = dflash.load(folder, info)
     assert drafter.model.cfg.target_layer_ids == tuple(d["target_layer_ids"])
-    assert default_spec(info) == "auto"
+    # auto takes the shipped drafter only once it is marked as beating PLD alone (in_auto);
+    # until then the CLI's default is PLD and the drafter is one name away
+    assert default_spec(info) == ("auto" if dflash.in_auto(folder) else "pld")
 
 
-@pytest.mark.parametrize("drafter", ["auto", "dflash"])
+@pytest.mark.parametrize("drafter", ["pld:min_ngram=2+dflash", "dflash"])
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_shipped_drafter_output_is_mlx_lm_greedy(shipped, drafter, i):
     model, tok, _, _ = shipped

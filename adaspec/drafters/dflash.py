@@ -330,6 +330,16 @@ def default_checkpoint(info: TargetInfo) -> Path | None:
     return None
 
 
+def in_auto(folder: Path) -> bool:
+    """Whether `auto` puts this shipped checkpoint behind prompt lookup: its config says so
+    (`adaspec_target.in_auto`), which is set once the combination is measured to beat `pld`
+    alone on the development suite. Unmarked, `dflash` still loads it; `auto` is PLD alone."""
+    import json
+
+    cfg = json.loads((folder / "config.json").read_text())
+    return bool((cfg.get("adaspec_target") or {}).get("in_auto", False))
+
+
 def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:
     if folder:
         return Path(folder)

@@ -88,17 +88,18 @@ def _entry(name: str) -> Entry:
 def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
     """`auto` is each target's default combination: prompt lookup (matches of at least
     ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N) in front of a model drafter, which is
-    the DFlash checkpoint shipped for the target (`auto`), the DFlash folder named
-    (`auto:DIR[,block=N...]`) or any other drafter (`auto:draft-model:NAME[,k=v]`). With no
-    model drafter for the target, `auto` is PLD alone."""
-    from .dflash import default_checkpoint
+    the DFlash checkpoint shipped for the target (`auto`, where that checkpoint is marked as
+    beating PLD alone: dflash.in_auto), the DFlash folder named (`auto:DIR[,block=N...]`) or
+    any other drafter (`auto:draft-model:NAME[,k=v]`). Otherwise `auto` is PLD alone."""
+    from .dflash import default_checkpoint, in_auto
 
     options = dict(arm.options)
     min_match = options.pop("min_match", str(settings.auto_pld_min_match))
     pld = ArmSpec("pld", None, (("min_ngram", min_match),))
     rest = tuple(options.items())
     if arm.path is None:
-        if not rest and default_checkpoint(info) is None:
+        shipped = default_checkpoint(info)
+        if not rest and (shipped is None or not in_auto(shipped)):
             return [ArmSpec("pld")]
         return [pld, ArmSpec("dflash", None, rest)]
     inner_name, sep, inner_path = arm.path.partition(":")
@@ -143,7 +144,8 @@ def make(spec: str, info: TargetInfo, settings: Settings) -> DraftModel | None:
 
 def default_spec(info: TargetInfo) -> str:
     """The drafter the CLI uses when none is named: `auto` (PLD, then the DFlash drafter
-    shipped for the target) where a drafter ships for the target, `pld` otherwise."""
-    from .dflash import default_checkpoint
+    shipped for the target) where that drafter is marked as paying, `pld` otherwise."""
+    from .dflash import default_checkpoint, in_auto
 
-    return "auto" if default_checkpoint(info) is not None else "pld"
+    shipped = default_checkpoint(info)
+    return "auto" if shipped is not None and in_auto(shipped) else "pld"

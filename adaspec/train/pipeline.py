@@ -225,7 +225,12 @@ def train_dflash(
         mask_id, why = recipe.mask_token_id, "given by the caller (--mask-token-id)"
     cfg = drafter_config(model, info, recipe, mask_id)
     # which target the drafter was trained for: lets adaspec pick a shipped drafter by default
-    cfg.extra["adaspec_target"] = {"name": target_name, "model_type": info.model_type}
+    # in_auto: set to true by hand once `pld+dflash:OUT` beats `pld` on the dev suite
+    cfg.extra["adaspec_target"] = {
+        "name": target_name,
+        "model_type": info.model_type,
+        "in_auto": False,
+    }
     prompts = _prompts(work, recipe)
     store = ResponseStore(recipe.data or work / "responses", fingerprint(info, tokenizer))
     seqs = make_data(model, tokenizer, prompts, store, recipe, progress=progress)
