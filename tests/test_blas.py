@@ -185,3 +185,16 @@ def test_real_process_a_blas_loaded_before_mlx_is_reported_without_a_warning(kin
 def test_real_process_off():
     out = _fresh("import adaspec; print(adaspec._blas.status().kind)", ADASPEC_BLAS="off")
     assert out.stdout.strip() == "off" and "RuntimeWarning" not in out.stderr
+
+
+def test_library_threads_sets_the_loaded_library_and_restores_it():
+    import adaspec  # noqa: F401  (loads the BLAS)
+
+    knob = blas._thread_knob()
+    if knob is None:
+        pytest.skip(f"no thread knob for BLAS {blas.status()}")
+    get, _ = knob
+    before = get()
+    with blas.library_threads(1):
+        assert get() == 1
+    assert get() == before

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tiny import ar_greedy, tiny_model
 
+from adaspec.train import generate
 from adaspec.train.data import target_forward
 from adaspec.train.generate import by_length, greedy_batch
 from adaspec.train.loss import block_objective, hard_loss, soft_loss
@@ -81,10 +82,15 @@ def test_soft_and_hard_losses_match_hand_computed_values():
     assert abs(float(zero)) < 1e-6
 
 
-def test_batched_greedy_equals_single_stream_greedy_and_stops_at_eos():
+@pytest.mark.parametrize("group_tokens", [8192, 20])
+def test_batched_greedy_equals_single_stream_greedy_and_stops_at_eos(monkeypatch, group_tokens):
+    # prompts of equal length prefill together (in groups of at most group_tokens tokens,
+    # two groups at once on two streams); the rest alone
+    monkeypatch.setattr(generate, "PREFILL_TOKENS", group_tokens)
     model = tiny_model("llama", seed=2)
     rng = np.random.default_rng(0)
-    prompts = [rng.integers(0, 256, size=n).tolist() for n in (5, 17, 1, 30, 9, 12)]
+    sizes = (5, 17, 1, 30, 9, 12, 17, 17, 9, 17, 30)
+    prompts = [rng.integers(0, 256, size=n).tolist() for n in sizes]
     singles = [ar_greedy(model, p, 10) for p in prompts]
     eos = {singles[0][2], singles[3][5]}  # two rows end early: the batch shrinks
     got = greedy_batch(model, prompts, 10, eos, prefill_chunk=8)
@@ -93,7 +99,14 @@ def test_batched_greedy_equals_single_stream_greedy_and_stops_at_eos():
         assert g == (want if stop is None else want[: stop + 1])
     assert len(got[0]) == 3 and len(got[3]) <= 6
     batches = by_length([(i, p) for i, p in enumerate(prompts)], 4)
-    assert [len(b) for b in batches] == [4, 2] and len(batches[0][0][1]) == 30
+    assert [len(b) for b in batches] == [4, 4, 3] and len(batches[0][0][1]) == 30
+
+
+def test_prefill_groups_hold_equal_lengths_within_the_token_budget(monkeypatch):
+    monkeypatch.setattr(generate, "PREFILL_TOKENS", 64)
+    groups = generate.prefill_groups([30, 5, 30, 30, 5, 100, 30], chunk=2048)
+    assert sorted(map(sorted, groups)) == [[0, 2], [1, 4], [3, 6], [5]]
+    assert generate.prefill_groups([100, 100], chunk=16) == [[0, 1]]  # 16-token chunks
 
 
 FP = {"model_type": "llama", "vocab_size": 260, "tokenizer": "t", "weights": "w"}

@@ -22,7 +22,8 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -327,3 +328,38 @@ def ensure(requested: str | None = None) -> BlasStatus:
 
 def status() -> BlasStatus | None:
     return _status
+
+
+def _thread_knob() -> tuple[Callable[[], int], Callable[[int], None]] | None:
+    """The loaded library's (get, set) thread-count functions; None without a fast library."""
+    if _status is None or _status.kind not in FAST_KINDS or not _status.library:
+        return None
+    path = _status.library.split(" + ")[-1]
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)  # already loaded: the same handle
+    pre = symbol_prefix(path)
+    for get, put in (
+        (pre + "openblas_get_num_threads", pre + "openblas_set_num_threads"),
+        ("MKL_Get_Max_Threads", "MKL_Set_Num_Threads"),
+    ):
+        if hasattr(lib, get) and hasattr(lib, put):
+            return getattr(lib, get), getattr(lib, put)
+    return None
+
+
+@contextmanager
+def library_threads(n: int) -> Iterator[None]:
+    """The BLAS library (not the router's kernel) on n threads inside the block. One thread
+    lets the caller run several GEMMs at once from its own threads; and on a busy machine a
+    library's threads wait for each other at every GEMM (a 511-token SmolLM2 prefill took
+    13.3 s on 2 OpenBLAS threads, 2.8 s on 1, beside another job on the 2 cores)."""
+    knob = _thread_knob()
+    if knob is None:
+        yield
+        return
+    get, put = knob
+    old = int(get())
+    put(n)
+    try:
+        yield
+    finally:
+        put(old)
