@@ -205,6 +205,13 @@ def head_set(
     return select_head_tokens(counts, recipe.head, always=[i for i in eos if i < vocab_size])
 
 
+def _mask_token(tokenizer: Any, vocab_size: int, recipe: Recipe) -> tuple[int, str]:
+    """The drafter's mask token id and why it was chosen."""
+    if recipe.mask_token_id is None:
+        return choose_mask_token(tokenizer, vocab_size)
+    return recipe.mask_token_id, "given by the caller (--mask-token-id)"
+
+
 def train_dflash(
     model: Any,
     tokenizer: Any,
@@ -219,18 +226,11 @@ def train_dflash(
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     info = target_info(model, tokenizer)
-    if recipe.mask_token_id is None:
-        mask_id, why = choose_mask_token(tokenizer, info.vocab_size)
-    else:
-        mask_id, why = recipe.mask_token_id, "given by the caller (--mask-token-id)"
+    mask_id, why = _mask_token(tokenizer, info.vocab_size, recipe)
     cfg = drafter_config(model, info, recipe, mask_id)
     # which target the drafter was trained for: lets adaspec pick a shipped drafter by default
     # in_auto: set to true by hand once `pld+dflash:OUT` beats `pld` on the dev suite
-    cfg.extra["adaspec_target"] = {
-        "name": target_name,
-        "model_type": info.model_type,
-        "in_auto": False,
-    }
+    cfg.extra["adaspec_target"] = dict(name=target_name, model_type=info.model_type, in_auto=False)
     prompts = _prompts(work, recipe)
     store = ResponseStore(recipe.data or work / "responses", fingerprint(info, tokenizer))
     seqs = make_data(model, tokenizer, prompts, store, recipe, progress=progress)
