@@ -133,6 +133,9 @@ class PromptCache:
         self.settings = settings or settings_mod.get()
         self.reset()
         self.arms = resolve_drafters(drafter, self.target.info, self.settings)
+        # the default policy of this cache's generations: what it measured of the arms carries
+        # from one turn to the next (GatedPolicy.start)
+        self.policy = default_policy(self.arms, self.settings)
 
     def reset(self) -> None:
         """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
@@ -205,7 +208,7 @@ def stream_generate(
         logits_processors=tuple(logits_processors or ()),
         tree_nodes=settings.tree_cap,
     )
-    pol = policy or default_policy(arms, settings)
+    pol = policy or (pc.policy if pc else default_policy(arms, settings))
     held = pc.tokens if pc else ()
     decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
     texts = _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))

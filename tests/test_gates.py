@@ -329,3 +329,19 @@ def test_one_time_drafter_setup_is_not_held_against_speculating():
 
     assert probe_result(setup_s=2.0 * T_AR) == 0
     assert probe_result(setup_s=0.0) == 1
+
+
+def test_a_new_generation_keeps_what_was_measured_and_starts_gates_afresh():
+    pol = one_arm(PolicyConfig())
+    for _ in range(3):
+        pol.observe(StepStats(committed=1, verify_s=T_AR))
+    for _ in range(12):  # a losing drafter: floored, with its acceptance and costs measured
+        pol.observe(StepStats(committed=1, verify_s=3 * T_AR, drafted=4, arm=0, draft_s=T_AR))
+    assert pol.floor.floored and pol.floor.floors >= 1 and pol.length[0].accept
+    learned, t_ar = pol.length[0], pol.clock.t_ar
+    pol.start(["d"])  # the next turn, same arm
+    assert pol.length[0] == learned and pol.clock.t_ar == t_ar
+    assert pol.floor == gates.FloorState() and pol.held == [gates.FloorState()]
+    assert pol.commit == gates.CommitState() and pol.clock.plain_seen == 0
+    pol.start(["other"])  # other arms: nothing carries
+    assert pol.length[0] == type(learned)()

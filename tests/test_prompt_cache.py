@@ -121,3 +121,17 @@ def test_error_mid_generation_resets_the_cache():
     with pytest.raises(RuntimeError):
         list(adaspec.stream_generate(model, TOK, FIRST, prompt_cache=cache, max_tokens=5))
     assert cache.tokens == [] and cache.target.offset == 0
+
+
+def test_a_cache_keeps_its_policy_and_what_it_measured_across_turns():
+    model = MODELS["kv"]
+    pc = adaspec.make_prompt_cache(model, TOK, drafter="pld")
+    prompt = list(FIRST)
+    for _ in range(2):
+        out = [
+            r.token
+            for r in adaspec.stream_generate(model, TOK, prompt, prompt_cache=pc, max_tokens=8)
+        ]
+        assert out == ar_greedy(model, prompt, len(out))
+        prompt = prompt + out + [int(t) for t in b" the cat"]
+    assert pc.policy.names == ["pld"] and pc.policy.length[0].steps > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from ..settings import Settings
 from . import draft_length, gates, tree_size
@@ -107,11 +107,19 @@ class GatedPolicy:
         self._reset_gates()
 
     def start(self, arms: Sequence[str]) -> None:
+        """A generation begins. Gates, floors and counters start afresh; what was measured of
+        the arms (acceptance by position, draft and verify costs, tree rates) and the plain-step
+        time are kept when the arms are the same, so a policy reused for the next turn of a
+        conversation (a PromptCache keeps its policy) starts from them instead of from priors."""
         if list(arms) != self.names:
             self.names = list(arms)
             self.length = [draft_length.LengthState() for _ in arms]
-            self.held = [gates.FloorState() for _ in arms]
             self.trees = [tree_size.TreeSizeState() for _ in arms]
+        self.held = [gates.FloorState() for _ in arms]
+        self.floor = gates.FloorState()
+        self.clock = replace(self.clock, plain_seen=0)  # the first plain step runs cold
+        self.measure_steps = self.lifts = 0
+        self._reset_gates()
 
     def _reset_gates(self) -> None:
         self.entropy = gates.EntropyState()
