@@ -107,7 +107,8 @@ def forward_times(
     runs = _median_runs({n: step(n) for n in SIZES}, repeats)
     times = {n: t * 1e3 for n, (t, _) in runs.items()}
     ms = {f"forward_{n}_ms": t for n, t in times.items()}
-    ratio = ms[f"forward_{VERIFY_TOKENS}_ms"] / ms["forward_1_ms"]
+    verify = ms.get(f"forward_{VERIFY_TOKENS}_ms")  # absent when SIZES leaves it out
+    ratio = verify / ms["forward_1_ms"] if verify is not None else None
     nbytes, elements = roofline.weight_traffic(model)
     gemm = {n: g * 1e3 for n, (_, g) in runs.items() if g is not None}
     per_size = roofline.rows(times, nbytes, elements, gemm or None)

@@ -57,6 +57,17 @@ def test_collect_with_a_model(tmp_path, cache):
     assert ("GEMM ms" in text) == (blas.routed_seconds() is not None)
 
 
+def test_forward_times_on_sizes_without_the_verify_length(tmp_path, cache, monkeypatch):
+    from adaspec.targets.loader import load
+
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf", "llama", "Q8_0")
+    model, _ = load(tiny.path)
+    monkeypatch.setattr(doctor, "SIZES", (1, 2))  # as `forward_cost.py --sizes 1,2` sets it
+    t = doctor.forward_times(model, repeats=2, context=8)
+    assert [r["tokens"] for r in t["per_size"]] == [1, 2]
+    assert t["verify_cost_ratio"] is None and "forward_16_ms" not in t
+
+
 class _Recording:
     """A model that records the tokens fed with each cache."""
 

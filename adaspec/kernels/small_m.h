@@ -14,8 +14,12 @@
  * weights overlaps the arithmetic. Each group of A's rows asks for its share of those lines:
  * asked all by the first group, they queued behind each other and the later groups computed
  * on an idle memory bus (one thread, streaming SmolLM2's weights: M = 16 61 vs 79 ms,
- * M = 32 100 vs 123 ms). (Blocking K as well was measured slower here: it breaks
- * the weights' sequential stream for M = 1 and gained nothing for larger M.)
+ * M = 32 100 vs 123 ms). The lines are asked into L2, not L1: a tile of B (NR rows of K
+ * floats), the next one and M rows of A overflow L1's 32 KB from M = 2 on at K = 896, and
+ * lines evicted before use stalled the stream (Qwen2.5-0.5B's lm_head, one thread, AVX-512:
+ * M = 2 21 vs 40 ms, M = 8 31 vs 54 ms; M = 1 unchanged). (Blocking K as well was measured
+ * slower here: it breaks the weights' sequential stream for M = 1 and gained nothing for
+ * larger M.)
  *
  * Above KEEP_M rows the kernel is bound by its arithmetic, and the rows of B are held in
  * registers (VKEEP) for all rows of A; left alone, the compiler folds them into the FMAs as
@@ -46,7 +50,7 @@ static inline __attribute__((always_inline)) void FN(tile)(int mr, int nr, int K
   int k = 0;
   for (; k + W <= K; k += W) {
     for (int l = 0; l < per && left > 0; l++, left--) {
-      __builtin_prefetch(row + col, 0, 3);
+      __builtin_prefetch(row + col, 0, 2); /* into L2: see above */
       if ((col += 16) >= pf.len) col = 0, row += ldb;
     }
     VEC b[NR];
