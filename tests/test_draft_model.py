@@ -14,7 +14,8 @@ from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
 from adaspec.drafters import registry
 from adaspec.drafters.base import DraftContext, DraftModel
-from adaspec.drafters.draft_model import DraftLM
+from adaspec.drafters.draft_model import ENTRY, DraftLM
+from adaspec.drafters.spec import parse_arm
 from adaspec.errors import DrafterError, DrafterMismatchError
 from adaspec.policy import sampling
 from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
@@ -157,6 +158,49 @@ class CacheMachine(RuleBasedStateMachine):
 
 CacheMachine.TestCase.settings = settings(max_examples=12, stateful_step_count=10)
 TestCacheMachine = CacheMachine.TestCase
+
+
+@settings(max_examples=10)
+@given(
+    arch=st.sampled_from(["llama", "qwen3"]),
+    head=st.integers(1, VOCAB),
+    prompt=prompts(VOCAB),
+    max_tokens=st.integers(1, 20),
+    k=st.integers(1, 6),
+)
+def test_a_restricted_head_proposes_only_its_ids_and_stays_lossless(
+    arch, head, prompt, max_tokens, k
+):
+    target, model = TARGETS[arch], DRAFTS[arch, VOCAB]
+    kept = set(range(head - 1)) | {256} if head < VOCAB else set(range(VOCAB))  # + <eos>
+    d = drafter(model, target, head=head)
+    d.prefill(prompt, ctx(prompt))
+    full = drafter(model, target)
+    full.prefill(prompt, ctx(prompt))
+    got, ref = np.array(d.next_logits()), np.array(full.next_logits())
+    inside = np.isfinite(got)
+    assert set(np.flatnonzero(inside).tolist()) == kept
+    np.testing.assert_allclose(got[inside], ref[inside], rtol=1e-5, atol=1e-5)
+    d = drafter(model, target, head=head)
+    dec = Decoder(KVTarget(target, TOK), d, DecodeConfig(max_tokens=max_tokens, max_draft=k))
+    out = [e.token for e in decode(dec, prompt)]
+    assert out == ar_greedy(target, prompt, max_tokens)
+    assert set(d.draft(ctx(d.tokens, k)).tokens) <= kept  # from the committed view
+    rng = np.random.default_rng(1)  # sampled drafts: q is zero outside the kept ids
+    draft = d.draft(ctx(d.tokens, k, sampling.SamplingParams(temp=1.0), rng))
+    assert set(draft.tokens) <= kept
+    outside = [i for i in range(VOCAB) if i not in kept]
+    assert not np.asarray(draft.probs)[:, outside].any()
+
+
+def test_a_bad_head_size_is_refused_naming_it():
+    target = TARGETS["llama"]
+    for bad in (-1, VOCAB + 1):
+        msg = rf"head={bad} is invalid; accepted: 0 .* 1\.\.{VOCAB}"
+        with pytest.raises(DrafterError, match=msg):
+            drafter(DRAFTS["llama", VOCAB], target, head=bad)
+    with pytest.raises(DrafterError, match="head='x' is not an integer"):
+        ENTRY.build(parse_arm("draft-model:m,head=x"), target_info(target, TOK), from_env({}))
 
 
 def test_catch_up_after_a_floor_is_reported_as_setup():
