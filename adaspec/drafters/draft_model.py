@@ -103,7 +103,7 @@ class DraftLM:
         self.send_q = send_q
         self.vocab_size = target.vocab_size  # q rows have the target's width
         self.n_ids = min(info.vocab_size, target.vocab_size)
-        self._head = self._restricted_head(head, target) if head else None
+        self._head = self._restricted_head(head, target, info.vocab_size) if head else None
         self._make_cache = make_prompt_cache
         self.cache = make_prompt_cache(model)
         if not can_trim_prompt_cache(self.cache):
@@ -116,8 +116,11 @@ class DraftLM:
         self.cached: list[int] = []
         self._synced = 0
 
-    def _restricted_head(self, head: int, target: TargetInfo) -> tuple[Any, Any, mx.array]:
-        """(decoder, projection onto the kept ids, the kept ids) for head=N."""
+    def _restricted_head(
+        self, head: int, target: TargetInfo, rows: int
+    ) -> tuple[Any, Any, mx.array]:
+        """(decoder, projection onto the kept ids, the kept ids) for head=N; `rows`: the draft
+        model's own embedding rows (padded checkpoints have more than the tokenizer's ids)."""
         if not 0 < head <= self.n_ids:
             raise DrafterError(
                 f"draft-model head={head} is invalid; accepted: 0 (the whole vocabulary) or "
@@ -127,7 +130,7 @@ class DraftLM:
         eos = getattr(tok, "eos_token_ids", None) or [getattr(tok, "eos_token_id", None)]
         always = [int(i) for i in eos if i is not None and 0 <= int(i) < self.n_ids]
         ids = select_head_tokens(np.zeros(self.n_ids), head, always)
-        project = restricted_projection(embedding_and_head(self.model)[1], ids, self.n_ids)
+        project = restricted_projection(embedding_and_head(self.model)[1], ids, rows)
         return inner_model(self.model), project, mx.array(ids)
 
     # ---- committed view ------------------------------------------------------------------
