@@ -15,7 +15,14 @@ from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget
-from adaspec.train.data import TargetLabels, TrainSeq, target_forward
+from adaspec.train.data import (
+    TargetLabels,
+    TrainSeq,
+    extract_features,
+    load_features,
+    load_labels,
+    target_forward,
+)
 from adaspec.train.objective import TrainingError
 from adaspec.train.pipeline import choose_mask_token, default_taps, train_dflash
 from adaspec.train.recipe import Hyper, Recipe, tiny_recipe
@@ -44,6 +51,25 @@ def test_training_forward_equals_inference_for_every_anchor(arch):
         d.prefill(committed, ctx(committed, feats[:a]))
         want = np.array(d.block_logits(cfg.block_size - 1))
         np.testing.assert_allclose(got[i], want, atol=2e-4, rtol=2e-4)
+
+
+def test_extraction_on_parallel_streams_writes_what_one_forward_gives(tmp_path):
+    """Sequences of different lengths go through the target two at a time on their own streams;
+    each one's files equal its forward alone (features to float16 rounding)."""
+    target = tiny_model("llama")
+    rng = np.random.default_rng(5)
+    seqs = [
+        TrainSeq(f"s{i}", False, rng.integers(0, 256, size=n).astype(np.int32), n)
+        for i, n in enumerate([9, 31, 17])
+    ]
+    extract_features(target, seqs, (0, 1), tmp_path, 4, progress=False)
+    for s in seqs:
+        feats, lab = target_forward(target, s.tokens, (0, 1), k=4)
+        got = load_features(tmp_path, s, feats.shape[-1], 4)
+        np.testing.assert_allclose(got, np.array(feats), atol=2e-3, rtol=2e-3)
+        stored = load_labels(tmp_path, s, 4)
+        np.testing.assert_array_equal(stored.greedy, lab.greedy)
+        np.testing.assert_array_equal(stored.top_ids, lab.top_ids)
 
 
 @pytest.mark.parametrize("tied", [True, False])

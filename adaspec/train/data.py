@@ -16,7 +16,9 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..kernels.blas import library_threads
 from ..targets.base import layer_list, layer_output, spying
+from .generate import cpu_streams
 from .objective import TrainingError
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,9 @@ class TargetLabels:
     top_logprobs: np.ndarray  # (T, k) float32 log-softmax values of top_ids
 
 
-def target_forward(
-    model: Any, tokens: np.ndarray, taps: tuple[int, ...], k: int
-) -> tuple[mx.array, TargetLabels]:
-    """One forward without a cache: (T, len(taps) * hidden) tap-layer outputs (the values the
-    adapter's chunked prefill and verify compute) and the target's predictions."""
+def _forward_graph(model: Any, tokens: np.ndarray, taps: tuple[int, ...], k: int) -> tuple:
+    """The lazy graph of one forward without a cache: (T, len(taps) * hidden) tap features, the
+    target's greedy ids, and its top-k ids and log-probabilities (most likely first)."""
     layers = layer_list(model)
     with spying([(layers, i) for i in sorted(set(taps))]) as spies:
         logits = model(mx.array(tokens, dtype=mx.uint32)[None])[0].astype(mx.float32)
@@ -69,16 +69,42 @@ def target_forward(
     vals = mx.take_along_axis(logp, top, axis=-1)
     order = mx.argsort(-vals, axis=-1)
     top, vals = mx.take_along_axis(top, order, axis=-1), mx.take_along_axis(vals, order, axis=-1)
-    greedy = mx.argmax(logits, axis=-1)
-    mx.eval(feats, top, vals, greedy)
-    labels = TargetLabels(
+    return feats, mx.argmax(logits, axis=-1), top, vals
+
+
+def _labels(greedy: mx.array, top: mx.array, vals: mx.array) -> TargetLabels:
+    return TargetLabels(
         np.array(greedy).astype(np.int32), np.array(top).astype(np.int32), np.array(vals)
     )
-    return feats, labels
+
+
+def target_forward(
+    model: Any, tokens: np.ndarray, taps: tuple[int, ...], k: int
+) -> tuple[mx.array, TargetLabels]:
+    """One forward without a cache: (T, len(taps) * hidden) tap-layer outputs (the values the
+    adapter's chunked prefill and verify compute) and the target's predictions."""
+    feats, *lab = _forward_graph(model, tokens, taps, k)
+    mx.eval(feats, *lab)
+    return feats, _labels(*lab)
 
 
 def _paths(folder: Path, seq: TrainSeq, k: int) -> tuple[Path, Path]:
     return folder / f"{seq.key}.npy", folder / f"{seq.key}.top{k}.npz"
+
+
+def _write(folder: Path, seq: TrainSeq, k: int, feats: mx.array, lab: TargetLabels) -> None:
+    fpath, lpath = _paths(folder, seq, k)
+    with open(lpath.with_suffix(".tmp"), "wb") as f:
+        np.savez(
+            f,
+            greedy=lab.greedy,
+            top_ids=lab.top_ids,
+            top_logprobs=lab.top_logprobs.astype(np.float16),
+        )
+    np.save(fpath.with_suffix(".tmp.npy"), np.array(feats.astype(mx.float16)))
+    # atomic renames: a cut-off write never looks complete
+    lpath.with_suffix(".tmp").replace(lpath)
+    fpath.with_suffix(".tmp.npy").replace(fpath)
 
 
 def extract_features(
@@ -91,23 +117,24 @@ def extract_features(
     progress: bool = True,
 ) -> None:
     """Per sequence in `folder`: float16 features (.npy) and the target's labels (.npz, top-k
-    log-probs as float16); sequences with both files are skipped (resume)."""
+    log-probs as float16); sequences with both files are skipped (resume). Sequences go through
+    the target a few at a time, each on its own CPU stream with the BLAS library on one thread,
+    so both cores run mlx's single-threaded ops (softmax, SiLU) as well as the GEMMs."""
     folder.mkdir(parents=True, exist_ok=True)
     todo = [s for s in seqs if not all(p.is_file() for p in _paths(folder, s, k))]
-    for s in tqdm(todo, disable=not progress, desc="target forward", unit="seq"):
-        feats, lab = target_forward(model, s.tokens, taps, k)
-        fpath, lpath = _paths(folder, s, k)
-        with open(lpath.with_suffix(".tmp"), "wb") as f:
-            np.savez(
-                f,
-                greedy=lab.greedy,
-                top_ids=lab.top_ids,
-                top_logprobs=lab.top_logprobs.astype(np.float16),
-            )
-        np.save(fpath.with_suffix(".tmp.npy"), np.array(feats.astype(mx.float16)))
-        # atomic renames: a cut-off write never looks complete
-        lpath.with_suffix(".tmp").replace(lpath)
-        fpath.with_suffix(".tmp.npy").replace(fpath)
+    streams = cpu_streams()
+    bar = tqdm(total=len(todo), disable=not progress, desc="target forward", unit="seq")
+    with library_threads(1):
+        for i in range(0, len(todo), len(streams)):
+            group, graphs = todo[i : i + len(streams)], []
+            for s, stream in zip(group, streams):
+                with mx.stream(stream):
+                    graphs.append(_forward_graph(model, s.tokens, taps, k))
+            mx.eval(graphs)
+            for s, (feats, *lab) in zip(group, graphs):
+                _write(folder, s, k, feats, _labels(*lab))
+            bar.update(len(group))
+    bar.close()
 
 
 def load_features(folder: Path, seq: TrainSeq, width: int, k: int) -> np.ndarray:

@@ -78,7 +78,7 @@ def _prefill(model: Any, prompts: Sequence[Sequence[int]], chunk: int) -> tuple[
     groups = prefill_groups([len(p) for p in prompts], chunk)
     groups.sort(key=lambda g: -len(g) * len(prompts[g[0]]))  # groups run at once: alike
     per_prompt: list = [None] * len(prompts)
-    streams = _streams()
+    streams = cpu_streams()
     with library_threads(1):
         for k in range(0, len(groups), len(streams)):
             done = []
@@ -97,7 +97,7 @@ def _prefill(model: Any, prompts: Sequence[Sequence[int]], chunk: int) -> tuple[
 _STREAMS: list = []
 
 
-def _streams() -> list:
+def cpu_streams() -> list:
     """PREFILL_STREAMS CPU streams, made once per process (each has its own thread)."""
     while len(_STREAMS) < PREFILL_STREAMS:
         _STREAMS.append(mx.new_stream(mx.cpu))
