@@ -8,8 +8,12 @@ from adaspec.cli import main
 from adaspec.serve import CachePool, check_drafter
 
 
-def cache(tokens):
-    return SimpleNamespace(tokens=list(tokens))
+def cache(tokens, policy=None):
+    return SimpleNamespace(tokens=list(tokens), policy=policy)
+
+
+def new():
+    return cache([], policy="prior")
 
 
 def test_pool_continues_a_conversation_and_keeps_the_others():
@@ -18,8 +22,8 @@ def test_pool_continues_a_conversation_and_keeps_the_others():
     pool.give("pld", a)
     pool.give("pld", b)
     assert pool.take("pld", [1, 2, 3, 4, 5], lambda: "new") is a  # continuation
-    assert pool.take("pld", [1, 2, 7], lambda: "new") == "new"  # room left: b is kept
-    assert pool.take("none", [1, 2, 9, 9, 9, 1], lambda: "new") == "new"  # other drafter
+    assert pool.take("pld", [1, 2, 7], new) not in (a, b)  # room left: b is kept
+    assert pool.take("none", [1, 2, 9, 9, 9, 1], new) not in (a, b)  # other drafter
     assert [c for _, c in pool.entries] == [b]
 
 
@@ -30,8 +34,23 @@ def test_full_pool_rolls_back_the_longest_prefix_or_drops_the_oldest():
     pool.give("pld", b)
     assert pool.take("pld", [1, 5, 0], lambda: "new") is b
     pool.give("dflash", cache([4]))
-    assert pool.take("none", [1], lambda: "new") == "new"
+    assert pool.take("none", [1], new) not in (a, b)
     assert [s for s, _ in pool.entries] == ["dflash"]  # the oldest (a) made room
+
+
+def test_a_new_cache_starts_from_a_copy_of_the_last_policy_of_its_drafter():
+    pool = CachePool(4)
+    assert pool.take("pld", [1, 2], new).policy == "prior"  # nothing measured yet
+    pool.give("pld", cache([1, 2], policy={"accept": [0.9]}))
+    pool.give("pld", cache([3, 4], policy={"accept": [0.7]}))
+    pool.give("dflash", cache([5], policy={"accept": [0.2]}))
+    got = pool.take("pld", [8, 9, 9, 9], new)
+    assert got.policy == {"accept": [0.7]}  # the latest pld cache's
+    got.policy["accept"].append(0.5)  # a copy: the donor's policy is left alone
+    assert pool.entries[1][1].policy == {"accept": [0.7]}
+    assert pool.take("none", [8], new).policy == "prior"
+    pool.clear()  # a model change forgets what was measured
+    assert pool.take("pld", [8], new).policy == "prior"
 
 
 @pytest.mark.parametrize("spec", ["nope", "pld+nope", "pld:bad=1,"])

@@ -4,6 +4,7 @@ through adaspec's decoder, each conversation resuming from a pooled PromptCache.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import closing
@@ -46,11 +47,14 @@ class CachePool:
     drafter sharing the longest prefix with it when that prefix keeps at least half of what the
     cache holds (a later turn of its conversation: a reply is not always re-tokenized to the
     tokens generated); otherwise a new cache while there is room, else that longest-prefix
-    cache anyway (rolled back), else the place of the least recently used."""
+    cache anyway (rolled back), else the place of the least recently used.
+    A new cache starts from a copy of the policy of the cache last given back with its drafter
+    (what the server has measured of the arms and of a plain step), not from priors."""
 
     def __init__(self, size: int):
         self.size = max(int(size), 1)
         self.entries: list[tuple[str, PromptCache]] = []
+        self.policies: dict[str, Any] = {}
 
     def take(self, spec: str, prompt: list[int], make: Any) -> PromptCache:
         scored = [
@@ -63,13 +67,18 @@ class CachePool:
                 return self.entries.pop(i)[1]
         if full:
             self.entries.pop(0)
-        return make()
+        cache = make()
+        if spec in self.policies:
+            cache.policy = copy.deepcopy(self.policies[spec])
+        return cache
 
     def give(self, spec: str, cache: PromptCache) -> None:
         self.entries.append((spec, cache))
+        self.policies[spec] = cache.policy
 
     def clear(self) -> None:
         self.entries.clear()
+        self.policies.clear()
 
 
 class SpecResponseGenerator(ResponseGenerator):
