@@ -41,6 +41,19 @@ def runs(m: dict) -> list[dict]:
     return chain[::-1]
 
 
+_INIT = {
+    "target": "each drafter layer starts as a copy of one of the target's last layers, the "
+    "final norm as the target's",
+    "random": "random",
+}
+
+
+def _store(path: str) -> str:
+    """The response store's path, relative to the repository when it lies inside one."""
+    i = path.find("data/dflash/")
+    return path[i:] if i >= 0 else path
+
+
 def _warm_start(m: dict) -> str:
     prev = m.get("warm_start")
     if not prev:
@@ -50,7 +63,9 @@ def _warm_start(m: dict) -> str:
 ## Warm start
 This run started from the drafter at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
 ({ph["epochs"]} epochs, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")} vocabulary) on
-the same recipe. Its held-out evaluation:
+its own data ({prev["data"].get("train_sequences", "?")} training sequences, {prev["data"].get(
+    "train_response_tokens", "?")} response tokens). Its held-out evaluation, on its own held-out
+sequences:
 
 {eval_table(prev["evals"])}
 {_warm_start(prev)}"""
@@ -70,15 +85,14 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 - Hidden {cfg["hidden_size"]}, {cfg["num_attention_heads"]} heads / {cfg["num_key_value_heads"]} kv
   heads, head_dim {cfg["head_dim"]}, intermediate {cfg["intermediate_size"]}
 - Mask token id {dc["mask_token_id"]}: {m["mask_token"]["why"]}.
-- Initialisation: {r["init"]} ("target": each drafter layer starts as a copy of one of the
-  target's last layers, the final norm as the target's).
+- Initialisation: {_INIT.get(r["init"], "a warm start from the drafter at `" + str(r["init"]) + "`")}.
 
 ## Data
 Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts and
 {r["n_code"]} code prompts (instruction templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
-(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{d.get("store", "")}`);
+(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{_store(d.get("store", ""))}`);
 the others train as prompt text alone. {d["train_sequences"]} training sequences
 ({d.get("train_prompt_tokens", "?")} prompt and {d["train_response_tokens"]} response tokens),
 {d["heldout_sequences"]} held out.
