@@ -58,57 +58,26 @@ class PolicyConfig:
 
 @dataclass
 class ArClock:
-    """The warm plain-step time (t_ar) and the context length it was measured at. t_ar is the
-    median of the latest three plain steps at about the same context: pipelined plain steps
-    overlap (mlx runs part of a queued forward before returning), so the first and last step of
-    a burst read long and short by most of a step. Measurements at clearly different contexts
-    are kept as points of a line (step time grows with the context), so a longer context within
-    twice the longest measured one is priced from the line instead of measured again."""
+    """The warm plain-step time and the context length it was measured at. t_ar is the median
+    of the latest three plain steps: pipelined plain steps overlap (mlx runs part of a queued
+    forward before returning), so the first and last step of a burst read long and short by
+    most of a step."""
 
     t_ar: float = math.nan
     context: int = 0
     plain_seen: int = 0
-    recent: tuple[tuple[int, float], ...] = ()  # (context, seconds) of the latest plain steps
-    points: tuple[tuple[int, float], ...] = ()  # (context, t_ar) at distinct contexts
+    recent: tuple[float, ...] = ()
 
-    def observe(self, step: StepStats, refresh: float) -> None:
+    def observe(self, step: StepStats) -> None:
         if step.speculative:
             return
         self.plain_seen += 1
         if self.plain_seen > 1:  # the first plain step of a generation runs cold
-            c = step.context
-            near = [r for r in self.recent[-2:] if not _beyond(c, r[0], refresh)]
-            self.recent = (*near, (c, step.total_s))
-            self.t_ar, self.context = statistics.median(t for _, t in self.recent), c
-            kept = [p for p in self.points if _beyond(c, p[0], refresh) or _beyond(p[0], c, refresh)]
-            self.points = (*kept, (c, self.t_ar))[-4:]
+            self.recent = (*self.recent[-2:], step.total_s)
+            self.t_ar, self.context = statistics.median(self.recent), step.context
 
-    def at(self, context: int, refresh: float) -> float:
-        """t_ar at `context`: the latest measurement while the context has not grown past it by
-        `refresh`, else the line through the points when they span a range and the context is
-        within twice the longest, else nan (a plain step must measure it)."""
-        if math.isnan(self.t_ar) or not _beyond(context, self.context, refresh):
-            return self.t_ar
-        slope = _slope(self.points)
-        top = max(self.points)
-        if slope is None or context > 2 * top[0] + 64:
-            return math.nan
-        return top[1] + slope * (context - top[0])
-
-
-def _beyond(context: int, measured: int, refresh: float) -> bool:
-    return context > measured * (1 + refresh) + 16
-
-
-def _slope(points: Sequence[tuple[int, float]]) -> float | None:
-    """Least-squares seconds per context token through the points (>= 0: noise must not make a
-    longer context look cheaper); None unless they span at least 32 tokens."""
-    if len(points) < 2 or max(c for c, _ in points) - min(c for c, _ in points) < 32:
-        return None
-    mc = statistics.fmean(c for c, _ in points)
-    mt = statistics.fmean(t for _, t in points)
-    var = sum((c - mc) ** 2 for c, _ in points)
-    return max(0.0, sum((c - mc) * (t - mt) for c, t in points) / var)
+    def stale(self, context: int, refresh: float) -> bool:
+        return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
 
 
 class GatedPolicy:
@@ -156,13 +125,9 @@ class GatedPolicy:
         self.entropy = gates.EntropyState()
         self.commit = gates.CommitState()
 
-    def _t_ar(self) -> float:
-        """The plain-step time at the current context (nan: not known, measure it)."""
-        return self.clock.at(self.context, self.cfg.t_ar_refresh)
-
     def _measuring(self) -> bool:
         """The next step must be plain, to (re)measure t_ar at this context."""
-        return self.cfg.commit is not None and math.isnan(self._t_ar())
+        return self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
 
     def plan(self) -> Plan:
         n = len(self.names)
@@ -191,7 +156,7 @@ class GatedPolicy:
 
     def _free(self, a: int) -> bool:
         """Arm a's drafts cost next to nothing (unmeasured counts as free: a peek measures it)."""
-        cost, t_ar = self.length[a].draft_cost, self._t_ar()
+        cost, t_ar = self.length[a].draft_cost, self.clock.t_ar
         if math.isnan(cost):
             return True
         return not math.isnan(t_ar) and cost <= self.cfg.free_cost * t_ar
@@ -223,13 +188,12 @@ class GatedPolicy:
         per second than a plain step (times the commit margin). A lone arm is the gates' call."""
         cfg, commit = self.cfg.length, self.cfg.commit
         judged = any(self.length[b].accept for b in range(len(self.names)) if b != a)
-        t_ar = self._t_ar()
-        if cfg is None or commit is None or math.isnan(t_ar) or not judged:
+        if cfg is None or commit is None or math.isnan(self.clock.t_ar) or not judged:
             return False
         if self._free(a):
             return False
         rate = draft_length.best_rate(cfg, self.length[a])
-        return rate is not None and rate * t_ar < commit.margin
+        return rate is not None and rate * self.clock.t_ar < commit.margin
 
     def lift(self) -> bool:
         if not (self.cfg.lift and gates.can_lift(self.floor)):
@@ -246,7 +210,7 @@ class GatedPolicy:
 
     def observe(self, step: StepStats) -> None:
         self.context = step.context
-        self.clock.observe(step, self.cfg.t_ar_refresh)
+        self.clock.observe(step)
         arm = step.arm if step.speculative else None
         if self.cfg.length is not None and step.nodes == 0:  # a tree's cost is not a chain's
             for a in range(len(self.names)):
@@ -277,12 +241,13 @@ class GatedPolicy:
         if self.cfg.entropy is not None and step.p1 is not None:
             self.entropy, f = gates.entropy_step(self.cfg.entropy, self.entropy, step.p1)
             fire |= f
-        t_ar = self._t_ar()
-        if self.cfg.commit is not None and not math.isnan(t_ar):
+        if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
             if self.floor.probing and self.floor.probe_steps == 0:
-                fire |= gates.probe_lost(self.cfg.commit, step.committed, step.judged_s, t_ar)
+                fire |= gates.probe_lost(
+                    self.cfg.commit, step.committed, step.judged_s, self.clock.t_ar
+                )
             self.commit, f = gates.commit_step(
-                self.cfg.commit, self.commit, step.committed, step.judged_s, t_ar
+                self.cfg.commit, self.commit, step.committed, step.judged_s, self.clock.t_ar
             )
             fire |= f
         if fire:
@@ -310,6 +275,6 @@ class GatedPolicy:
             "tree_nodes": {
                 n: tree_size.choose(self.cfg.tree, t) for n, t in zip(self.names, self.trees)
             },
-            "t_ar_ms": round(self._t_ar() * 1e3, 3),
+            "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),
         }
