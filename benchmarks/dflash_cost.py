@@ -84,7 +84,7 @@ def interleaved_ms(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, d
     }
 
 
-def target_steps(model, context: int) -> dict[str, Callable[[], None]]:
+def target_steps(model, context: int, sizes: list[int]) -> dict[str, Callable[[], None]]:
     """Verify forwards of n tokens (with the drafter's taps) at `context`, rolled back."""
     rng = np.random.default_rng(0)
     target = KVTarget(model)
@@ -98,7 +98,7 @@ def target_steps(model, context: int) -> dict[str, Callable[[], None]]:
 
         return run
 
-    return {f"verify {n}": step(n) for n in (1, 8, 16)}
+    return {f"verify {n}": step(n) for n in sizes}
 
 
 def drafter_steps(
@@ -146,7 +146,8 @@ def drafter_steps(
 
 
 def report(name: str, model, args) -> None:
-    fns = target_steps(model, args.context)
+    sizes = sorted({1, 8, 16, *args.blocks})
+    fns = target_steps(model, args.context, sizes)
     for layers in args.layers:
         for block in args.blocks:
             fns.update(drafter_steps(model, layers, block, args.context, args.window, args.heads))
@@ -162,7 +163,7 @@ def report(name: str, model, args) -> None:
             f"\n{stat} of {args.reps}: "
             + ", ".join(
                 f"verify {n} = {t[f'verify {n}']:.1f} ms ({t[f'verify {n}'] / ar:.2f}x)"
-                for n in (1, 8, 16)
+                for n in sizes
             )
         )
         print(
