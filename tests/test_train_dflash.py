@@ -7,6 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from tiny import ar_greedy, byte_tokenizer, tiny_model
 from tiny_dflash import ctx, tiny_config, tiny_dflash_model
 
@@ -194,3 +195,22 @@ def test_smollm2_mask_token_is_an_unused_special(smollm2):
     assert tid not in (0, 1, 2)
     assert tok.convert_ids_to_tokens(tid).startswith("<")
     _ = mx  # mlx is loaded through adaspec first
+
+
+def test_warm_start_takes_the_weights_at_any_block_and_refuses_another_shape(tmp_path):
+    """A warm start copies every weight of a checkpoint of the same shape, also when the recipe's
+    block size differs (no weight depends on it); another shape is refused, naming the field."""
+    from adaspec.drafters.dflash_checkpoint import save_model
+    from adaspec.train.start import init_from_checkpoint
+
+    info = target_info(tiny_model("llama"))
+    old = tiny_dflash_model(tiny_config(info, block=8), seed=4)
+    save_model(old, tmp_path / "ckpt")
+    new = tiny_dflash_model(tiny_config(info, block=4), seed=9)
+    init_from_checkpoint(new, tmp_path / "ckpt", info)
+    want = dict(tree_flatten(old.parameters()))
+    for k, v in tree_flatten(new.parameters()):
+        np.testing.assert_array_equal(np.array(v), np.array(want[k]), err_msg=k)
+    other = tiny_dflash_model(tiny_config(info, block=8, layers=1))
+    with pytest.raises(TrainingError, match="num_hidden_layers is 2, the recipe gives 1"):
+        init_from_checkpoint(other, tmp_path / "ckpt", info)

@@ -63,8 +63,9 @@ def _warm_start(m: dict) -> str:
 ## Warm start
 This run started from the drafter at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
 ({ph["epochs"]} epochs, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")} vocabulary) on
-its own data ({prev["data"].get("train_sequences", "?")} training sequences, {prev["data"].get(
-    "train_response_tokens", "?")} response tokens). Its held-out evaluation, on its own held-out
+its own data ({prev["data"].get("train_sequences", "?")} training sequences, {
+        prev["data"].get("train_response_tokens", "?")
+    } response tokens). Its held-out evaluation, on its own held-out
 sequences:
 
 {eval_table(prev["evals"])}
@@ -76,6 +77,8 @@ def write(out: Path, m: dict) -> None:
     cfg = m["drafter"]
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
+    init = _INIT.get(r["init"], f"a warm start from the drafter at `{r['init']}`")
+    store = _store(d.get("store", ""))
     text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
 
 A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
@@ -85,14 +88,14 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 - Hidden {cfg["hidden_size"]}, {cfg["num_attention_heads"]} heads / {cfg["num_key_value_heads"]} kv
   heads, head_dim {cfg["head_dim"]}, intermediate {cfg["intermediate_size"]}
 - Mask token id {dc["mask_token_id"]}: {m["mask_token"]["why"]}.
-- Initialisation: {_INIT.get(r["init"], "a warm start from the drafter at `" + str(r["init"]) + "`")}.
+- Initialisation: {init}.
 
 ## Data
 Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts and
 {r["n_code"]} code prompts (instruction templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
-(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{_store(d.get("store", ""))}`);
+(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{store}`);
 the others train as prompt text alone. {d["train_sequences"]} training sequences
 ({d.get("train_prompt_tokens", "?")} prompt and {d["train_response_tokens"]} response tokens),
 {d["heldout_sequences"]} held out.

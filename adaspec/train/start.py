@@ -96,7 +96,8 @@ def init_from_target(drafter: DFlashModel, target: Any) -> int:
     return len(copied)
 
 
-# what a warm start's checkpoint must share with the drafter being trained
+# what a warm start's checkpoint must share with the drafter being trained (not the block
+# size: no weight depends on it, so a drafter may go on training at another block)
 _SHAPE_KEYS = (
     "hidden_size",
     "num_hidden_layers",
@@ -105,15 +106,14 @@ _SHAPE_KEYS = (
     "head_dim",
     "intermediate_size",
     "vocab_size",
-    "block_size",
     "target_layer_ids",
     "mask_token_id",
 )
 
 
 def init_from_checkpoint(drafter: DFlashModel, folder: Path, info: TargetInfo) -> None:
-    """Start from a trained drafter's weights (a warm start); its shape, block, taps and mask
-    token must be the recipe's."""
+    """Start from a trained drafter's weights (a warm start); its shape, taps and mask token
+    must be the recipe's, its block size may differ."""
     old = load_model(folder, info)
     diff = {
         k: (getattr(old.cfg, k), getattr(drafter.cfg, k))
@@ -124,7 +124,7 @@ def init_from_checkpoint(drafter: DFlashModel, folder: Path, info: TargetInfo) -
         raise TrainingError(
             f"init checkpoint {str(folder)!r} does not match the recipe: "
             + ", ".join(f"{k} is {a}, the recipe gives {b}" for k, (a, b) in diff.items())
-            + "; accepted: a checkpoint of the same shape, block, taps and mask token"
+            + "; accepted: a checkpoint of the same shape, taps and mask token"
         )
     drafter.load_weights(_flat(old.parameters()), strict=True)
 
