@@ -58,15 +58,14 @@ def _warm_start(m: dict) -> str:
     prev = m.get("warm_start")
     if not prev:
         return ""
-    ph = prev["recipe"]["hyper"]
+    ph, pd = prev["recipe"]["hyper"], prev["data"]
+    seqs, resp = pd.get("train_sequences", "?"), pd.get("train_response_tokens", "?")
     return f"""
 ## Warm start
 This run started from the drafter at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
 ({ph["epochs"]} epochs, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")} vocabulary) on
-its own data ({prev["data"].get("train_sequences", "?")} training sequences, {
-        prev["data"].get("train_response_tokens", "?")
-    } response tokens). Its held-out evaluation, on its own held-out
-sequences:
+its own data ({seqs} training sequences, {resp} response tokens). Its held-out evaluation,
+on its own held-out sequences:
 
 {eval_table(prev["evals"])}
 {_warm_start(prev)}"""
