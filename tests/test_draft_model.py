@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from distribution import assert_same, exact_sequences
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from strategies import prompts
@@ -169,11 +169,13 @@ TestCacheMachine = CacheMachine.TestCase
     max_tokens=st.integers(1, 20),
     k=st.integers(1, 6),
 )
+@example(arch="llama", rows=VOCAB, head=VOCAB - 2, prompt=[0], max_tokens=1, k=1)  # <eos> inside
 def test_a_restricted_head_proposes_only_its_ids_and_stays_lossless(
     arch, rows, head, prompt, max_tokens, k
 ):
     target, model = TARGETS[arch], DRAFTS[arch, rows]
-    kept = set(range(head - 1)) | {256} if head < VOCAB else set(range(VOCAB))  # + <eos>
+    # <eos> (256) first, then the lowest other ids: head ids in all
+    kept = {256, *[i for i in range(VOCAB) if i != 256][: head - 1]}
     d = drafter(model, target, head=head)
     d.prefill(prompt, ctx(prompt))
     full = drafter(model, target)
