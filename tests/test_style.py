@@ -14,16 +14,16 @@ ROOT = Path(__file__).resolve().parent.parent
 PATHS = ["adaspec", "tests", "benchmarks"]
 
 
-def _ruff() -> list[str]:
+def _ruff() -> str:
     exe = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if exe is None:
         pytest.skip("ruff is not installed (it comes with the [dev] extra)")
-    return [exe]
+    return exe
 
 
 @pytest.mark.parametrize("args", [["check"], ["format", "--check"]], ids=["lint", "format"])
 def test_ruff_passes(args):
     run = subprocess.run(
-        [*_ruff(), *args, *PATHS], cwd=ROOT, capture_output=True, text=True, timeout=120
+        [_ruff(), *args, *PATHS], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0, run.stdout + run.stderr

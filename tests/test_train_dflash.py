@@ -214,3 +214,12 @@ def test_warm_start_takes_the_weights_at_any_block_and_refuses_another_shape(tmp
     other = tiny_dflash_model(tiny_config(info, block=8, layers=1))
     with pytest.raises(TrainingError, match="num_hidden_layers is 2, the recipe gives 1"):
         init_from_checkpoint(other, tmp_path / "ckpt", info)
+
+
+def test_records_show_paths_inside_the_checkout_relative_to_it(tmp_path):
+    from adaspec.train.store import checkout_root, shown_path
+
+    root = checkout_root()
+    assert root is not None  # the tests run from a checkout
+    assert shown_path(root / "data" / "dflash" / "x") == "data/dflash/x"
+    assert shown_path(tmp_path / "store") == str(tmp_path / "store")

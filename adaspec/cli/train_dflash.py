@@ -67,10 +67,10 @@ def recipe_from_args(args: argparse.Namespace) -> Recipe:
 def default_data(target: str) -> Path:
     """The repo's response store for `target` (data/dflash/<name>, next to the adaspec package
     in a checkout), else data/dflash/<name> under the working directory."""
+    from ..train.store import checkout_root
+
     name = Path(target.rstrip("/")).name.lower()
-    root = Path(__file__).resolve().parents[2]
-    base = root if (root / "pyproject.toml").is_file() else Path.cwd()
-    return base / "data" / "dflash" / name
+    return (checkout_root() or Path.cwd()) / "data" / "dflash" / name
 
 
 def run(args: argparse.Namespace) -> int:

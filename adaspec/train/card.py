@@ -48,12 +48,6 @@ _INIT = {
 }
 
 
-def _store(path: str) -> str:
-    """The response store's path, relative to the repository when it lies inside one."""
-    i = path.find("data/dflash/")
-    return path[i:] if i >= 0 else path
-
-
 def _warm_start(m: dict) -> str:
     prev = m.get("warm_start")
     if not prev:
@@ -76,8 +70,8 @@ def write(out: Path, m: dict) -> None:
     cfg = m["drafter"]
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
+    store = d.get("store", "")
     init = _INIT.get(r["init"], f"a warm start from the drafter at `{r['init']}`")
-    store = _store(d.get("store", ""))
     text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
 
 A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by

@@ -33,7 +33,7 @@ from .start import (  # noqa: F401  (default_taps is part of this module's inter
     init_from_checkpoint,
     init_from_target,
 )
-from .store import Answer, ResponseStore
+from .store import Answer, ResponseStore, shown_path
 from .trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,12 @@ def _mask_token(tokenizer: Any, vocab_size: int, recipe: Recipe) -> tuple[int, s
     return recipe.mask_token_id, "given by the caller (--mask-token-id)"
 
 
+def _record(recipe: Recipe) -> dict:
+    """The recipe as metrics.json keeps it (the store's path relative to the checkout)."""
+    data = recipe.data and shown_path(recipe.data)
+    return {**asdict(recipe), "data": data, "hyper": asdict(recipe.hyper)}
+
+
 def train_dflash(
     model: Any,
     tokenizer: Any,
@@ -250,11 +256,11 @@ def train_dflash(
     head = head_set(seqs, work / "features", recipe, info.vocab_size, tokenizer)
     save_model(drafter, out, dtype="float16", head_token_ids=head)
     metrics = {
-        "recipe": {**asdict(recipe), "hyper": asdict(recipe.hyper)},
+        "recipe": _record(recipe),
         "mask_token": {"id": mask_id, "why": why},
         "data": {
             "prompts": len(prompts),
-            "store": str(store.folder),
+            "store": shown_path(store.folder),
             **data_summary(seqs),
             "labels_by_depth": trainer.label_counts(),
         },

@@ -21,6 +21,20 @@ FORMAT = 1
 INDEX = "index.json"
 
 
+def checkout_root() -> Path | None:
+    """The repository the adaspec package sits in, when it is a checkout (pyproject.toml next
+    to the package); None for an installed wheel."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def shown_path(path: str | Path) -> str:
+    """`path` as a record shows it: relative to the checkout when it lies inside one (a card
+    or metrics file must not name this machine's folders), else as given."""
+    root, full = checkout_root(), Path(path).resolve()
+    return str(full.relative_to(root)) if root and full.is_relative_to(root) else str(path)
+
+
 @dataclass(frozen=True)
 class Answer:
     """One prompt (as the target saw it, chat-formatted and cut) and its greedy response."""
