@@ -84,8 +84,9 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 - Initialisation: {init}.
 
 ## Data
-Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts and
-{r["n_code"]} code prompts (instruction templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
+Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts,
+{r["n_code"]} code prompts and {r.get("n_open", 0)} short open requests (instruction templates
+in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
 (greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{store}`);

@@ -1,9 +1,12 @@
 """Training prompts from a text corpus: news articles and Python source files, each wrapped in
 one of a few instruction templates (grounded: summarize, extract, answer, document, edit; open:
-continue, explain, write). The target writes the responses; this module only asks."""
+continue, explain, write), plus short open requests seeded by one news sentence or one stdlib
+function's signature and docstring (story, explain, arithmetic, code from a description). The
+target writes the responses; this module only asks."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -32,11 +35,26 @@ CODE_TASKS = (
     "Write a short tutorial on how to use this code.\n\n```python\n{text}\n```",
 )
 
+# short prompts whose answer carries the text (the dev suite's open categories): one news
+# sentence or one documented stdlib function is only the seed
+OPEN_NEWS_TASKS = (
+    "Write a short story that begins with this sentence: {text}",
+    "Explain to a beginner the background of this sentence from the news: {text}",
+)
+OPEN_NUMBER_TASKS = (
+    "Write an arithmetic word problem that uses the numbers in this sentence, then solve it "
+    "step by step: {text}",
+)
+OPEN_CODE_TASKS = (
+    "Write a Python function {text}",
+    "Explain to a beginner how a Python function {text} could be implemented.",
+)
+
 
 @dataclass(frozen=True)
 class PromptRecord:
     id: str
-    source: str  # "news" or "code"
+    source: str  # "news", "code" or "open"
     heldout: bool
     messages: tuple[dict, ...]
 
@@ -77,14 +95,10 @@ def code_chunks(modules_file: Path, max_chars: int) -> list[str]:
     """Consecutive chunks of whole lines (up to max_chars) of each listed stdlib module's source;
     modules not present as .py files in this Python are skipped."""
     out = []
-    for name in modules_file.read_text(encoding="utf-8").split():
-        spec = importlib.util.find_spec(name)
-        origin = getattr(spec, "origin", None) or ""
-        if not origin.endswith(".py"):
-            continue
+    for source in _module_sources(modules_file):
         chunk: list[str] = []
         size = 0
-        for line in Path(origin).read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in source.splitlines():
             if size + len(line) + 1 > max_chars and chunk:
                 out.append("\n".join(chunk).strip("\n"))
                 chunk, size = [], 0
@@ -93,6 +107,57 @@ def code_chunks(modules_file: Path, max_chars: int) -> list[str]:
         if chunk:
             out.append("\n".join(chunk).strip("\n"))
     return [c for c in out if len(c) >= 200]
+
+
+def _module_sources(modules_file: Path) -> list[str]:
+    """The source text of each listed stdlib module that exists as a .py file in this Python."""
+    out = []
+    for name in modules_file.read_text(encoding="utf-8").split():
+        spec = importlib.util.find_spec(name)
+        origin = getattr(spec, "origin", None) or ""
+        if origin.endswith(".py"):
+            out.append(Path(origin).read_text(encoding="utf-8", errors="replace"))
+    return out
+
+
+def news_sentences(path: Path, lo: int = 60, hi: int = 300) -> list[str]:
+    """Every sentence of the articles between lo and hi characters long."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        for part in line.strip().split(". "):
+            part = part.strip()
+            if lo <= len(part) + 1 <= hi:
+                out.append(part if part.endswith((".", "?", "!", '"')) else part + ".")
+    return out
+
+
+def documented_functions(modules_file: Path) -> list[str]:
+    """`name(args)`, described as "first docstring line", for each public function of the
+    listed modules whose docstring opens with a line of 20 characters or more."""
+    out = []
+    for source in _module_sources(modules_file):
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+                continue
+            doc = (ast.get_docstring(node) or "").split("\n")[0].strip()
+            if len(doc) >= 20:
+                args = ", ".join(a.arg for a in node.args.args if a.arg not in ("self", "cls"))
+                out.append(f'`{node.name}({args})`, described as "{doc}"')
+    return out
+
+
+def _open_items(corpus: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(seed text, the templates that fit it): news sentences, then documented functions."""
+    items = []
+    for text in news_sentences(corpus / "news.txt"):
+        digits = any(ch.isdigit() for ch in text)
+        items.append((text, OPEN_NEWS_TASKS + (OPEN_NUMBER_TASKS if digits else ())))
+    items += [(text, OPEN_CODE_TASKS) for text in documented_functions(corpus / "code_modules.txt")]
+    return items
 
 
 def _heldout(text: str, fraction: float) -> bool:
@@ -108,9 +173,10 @@ def build_prompts(
     seed: int,
     heldout: float = 0.05,
     max_chars: int = 1500,
+    n_open: int = 0,
 ) -> list[PromptRecord]:
-    """n_news + n_code prompts, chunks drawn without replacement while they last (then reused
-    with another task), the held-out split decided by a hash of the chunk text."""
+    """n_news + n_code + n_open prompts, seed texts drawn without replacement while they last
+    (then reused with another task), the held-out split decided by a hash of the seed text."""
     news_file, code_file = corpus / "news.txt", corpus / "code_modules.txt"
     for f in (news_file, code_file):
         if not f.is_file():
@@ -118,20 +184,23 @@ def build_prompts(
                 f"corpus file {str(f)!r} does not exist; accepted: a corpus folder with "
                 "news.txt and code_modules.txt"
             )
+    sources = (
+        ("news", n_news, lambda: [(t, NEWS_TASKS) for t in news_chunks(news_file, max_chars)]),
+        ("code", n_code, lambda: [(t, CODE_TASKS) for t in code_chunks(code_file, max_chars)]),
+        ("open", n_open, lambda: _open_items(corpus)),
+    )
     records = []
-    for source, chunks, tasks, n in (
-        ("news", news_chunks(news_file, max_chars), NEWS_TASKS, n_news),
-        ("code", code_chunks(code_file, max_chars), CODE_TASKS, n_code),
-    ):
-        if n > 0 and not chunks:
+    for source, n, items in sources:
+        seeds = items() if n > 0 else []
+        if n > 0 and not seeds:
             raise TrainingError(f"corpus {str(corpus)!r} yields no {source} text")
         rng = random.Random(f"{seed}-{source}")  # per source: a count change keeps the other
-        order: list[str] = []
+        order: list[tuple[str, tuple[str, ...]]] = []
         for i in range(n):
             if not order:
-                order = chunks[:]
+                order = seeds[:]
                 rng.shuffle(order)
-            text = order.pop()
+            text, tasks = order.pop()
             task = rng.choice(tasks)
             records.append(
                 PromptRecord(

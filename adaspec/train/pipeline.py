@@ -44,6 +44,7 @@ def _build(recipe: Recipe) -> list[PromptRecord]:
         Path(recipe.corpus),
         n_news=recipe.n_news,
         n_code=recipe.n_code,
+        n_open=recipe.n_open,
         seed=recipe.hyper.seed,
         heldout=recipe.heldout,
     )
@@ -53,7 +54,7 @@ def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
     built = _build(recipe)
     path = work / "prompts.jsonl"
     if path.is_file():
-        # growing --n-news/--n-code keeps the earlier prompts (and their responses)
+        # growing --n-news/--n-code/--n-open keeps the earlier prompts (and their responses)
         new = {p.id: p for p in built}
         old = [PromptRecord.from_json(json.loads(x)) for x in path.read_text().splitlines()]
         if any(p.id in new and new[p.id] != p for p in old):
@@ -83,13 +84,12 @@ def fingerprint(info: TargetInfo, tokenizer: Any) -> dict:
 
 
 def respond_order(prompts: Sequence[PromptRecord]) -> list[PromptRecord]:
-    """The order prompts are answered in: news and code alternating, each in its own order (so
-    a prefix stays a prefix when --n-news or --n-code grows)."""
-    news = [p for p in prompts if p.source == "news"]
-    code = [p for p in prompts if p.source != "news"]
+    """The order prompts are answered in: news, code and open taking turns, each in its own
+    order (so a prefix stays a prefix when --n-news, --n-code or --n-open grows)."""
+    groups = [[p for p in prompts if p.source == s] for s in ("news", "code", "open")]
     out = []
-    for i in range(max(len(news), len(code))):
-        out += [src[i] for src in (news, code) if i < len(src)]
+    for i in range(max(map(len, groups))):
+        out += [g[i] for g in groups if i < len(g)]
     return out
 
 

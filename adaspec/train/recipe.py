@@ -67,6 +67,9 @@ class Recipe:
     corpus: str
     n_news: int = 900
     n_code: int = 600
+    # short open requests (story, explain, arithmetic, code from a description) seeded by one
+    # news sentence or one documented stdlib function
+    n_open: int = 0
     heldout: float = 0.05
     max_prompt: int = 512
     max_new: int = 256
@@ -95,10 +98,11 @@ class Recipe:
         for k in ("gen_batch", "respond", "head"):
             if (getattr(self, k) or 0) < 0:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 0")
-        if self.n_news < 0 or self.n_code < 0 or self.n_news + self.n_code < 2:
+        counts = (self.n_news, self.n_code, self.n_open)
+        if min(counts) < 0 or sum(counts) < 2:
             raise TrainingError(
-                f"n_news={self.n_news}, n_code={self.n_code} are invalid; accepted: >= 0 each, "
-                "at least 2 prompts in all"
+                f"n_news={self.n_news}, n_code={self.n_code}, n_open={self.n_open} are invalid; "
+                "accepted: >= 0 each, at least 2 prompts in all"
             )
         if self.block < 2:
             raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")

@@ -1,0 +1,82 @@
+"""Training prompts from the corpus: the open requests are short and seeded by the corpus's own
+text, adding them leaves the other prompts as they were, and the answer order interleaves the
+sources so that growing one count keeps every earlier prompt's place."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from adaspec.train.corpus import (
+    OPEN_CODE_TASKS,
+    OPEN_NEWS_TASKS,
+    OPEN_NUMBER_TASKS,
+    PromptRecord,
+    build_prompts,
+    documented_functions,
+    news_sentences,
+)
+from adaspec.train.objective import TrainingError
+from adaspec.train.pipeline import respond_order
+from adaspec.train.recipe import Recipe
+
+
+@pytest.fixture
+def sentences(tmp_path, corpus):
+    """The tiny corpus with articles of several sentences (its own lines are one long one)."""
+    line = (
+        "The council of the river city met on Monday to talk about the flood. "
+        "It said that 12 roads were closed and that water levels rose again overnight. "
+    ) * 3
+    (tmp_path / "news.txt").write_text(line + "\n" + line.replace("12", "40") + "\n")
+    (tmp_path / "code_modules.txt").write_text((corpus / "code_modules.txt").read_text())
+    return tmp_path
+
+
+def test_open_prompts_are_short_requests_seeded_by_corpus_text(sentences):
+    corpus = sentences
+    prompts = build_prompts(corpus, n_news=0, n_code=0, n_open=40, seed=0)
+    seeds = news_sentences(corpus / "news.txt") + documented_functions(corpus / "code_modules.txt")
+    assert len(prompts) == 40 and {p.source for p in prompts} == {"open"}
+    tasks = OPEN_NEWS_TASKS + OPEN_NUMBER_TASKS + OPEN_CODE_TASKS
+    templates = [t.split("{text}")[0] for t in tasks]
+    for p in prompts:
+        text = p.messages[0]["content"]
+        assert any(s in text for s in seeds), text
+        assert len(text) < 500
+    # every template is drawn: sentences (story, explain, arithmetic), functions (code)
+    for t in templates:
+        assert any(p.messages[0]["content"].startswith(t) for p in prompts), t
+
+
+def test_documented_functions_name_a_signature_and_the_docstrings_first_line(corpus):
+    funcs = documented_functions(corpus / "code_modules.txt")  # colorsys and bisect
+    assert '`bisect_left(a, x, lo, hi)`, described as "Return the index where' in " ".join(funcs)
+    assert all(f.startswith("`") and ', described as "' in f for f in funcs)
+
+
+def test_adding_open_prompts_keeps_the_news_and_code_prompts(corpus):
+    base = build_prompts(corpus, n_news=5, n_code=4, seed=1)
+    more = build_prompts(corpus, n_news=5, n_code=4, n_open=6, seed=1)
+    assert more[:9] == base and len(more) == 15
+
+
+@given(st.lists(st.sampled_from(["news", "code", "open"]), max_size=30), st.integers(0, 2))
+def test_answer_order_keeps_its_prefix_when_one_source_grows(sources, grown):
+    """Growing one source's count only inserts its new prompts: the others keep their order."""
+    recs = [PromptRecord(f"{s}-{i:05d}", s, False, ()) for i, s in enumerate(sources)]
+    extra = ["news", "code", "open"][grown]
+    bigger = recs + [PromptRecord(f"{extra}-x{i}", extra, False, ()) for i in range(3)]
+    before, after = respond_order(recs), respond_order(bigger)
+    assert [p for p in after if p in recs] == before
+    assert sorted(p.id for p in after) == sorted(p.id for p in bigger)
+    # the sources take turns while each lasts: the first 3m prompts are m rounds of three
+    m = min(sum(p.source == s for p in bigger) for s in ("news", "code", "open"))
+    rounds = [after[3 * i : 3 * i + 3] for i in range(m)]
+    assert all([p.source for p in r] == ["news", "code", "open"] for r in rounds)
+
+
+def test_a_negative_open_count_is_refused_naming_it():
+    with pytest.raises(TrainingError, match="n_open=-1"):
+        Recipe(corpus=str(Path(".")), n_open=-1)
