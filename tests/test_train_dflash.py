@@ -106,6 +106,11 @@ def test_tiny_run_end_to_end_loss_drops_and_resumes(tmp_path, corpus):
     losses = [v for _, v in m["loss"]]
     assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3])
     assert m["evals"][-1]["loss"] < m["evals"][0]["loss"]
+    # held-out tau by prompt source: the sources with held-out answers, the whole in between
+    last = m["evals"][-1]
+    by = last["tau_by_source"]
+    assert by and set(by) <= {"news", "code"}
+    assert min(by.values()) - 1e-9 <= last["tau"] <= max(by.values()) + 1e-9
     assert (out / "README.md").is_file() and (out / "config.json").is_file()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["torch_dtype"] == "float16"

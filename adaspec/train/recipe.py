@@ -73,7 +73,7 @@ class Recipe:
     heldout: float = 0.05
     max_prompt: int = 512
     max_new: int = 256
-    # how many prompts the target answers (news and code alternating); the others train as
+    # how many prompts the target answers (news, code and open taking turns); the others train as
     # prompt text alone. None: all of them
     respond: int | None = None
     # the response store (token ids, kept in the repo); None: OUT/work/responses

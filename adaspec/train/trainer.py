@@ -261,7 +261,7 @@ class Trainer:
         argmax."""
         if not self.heldout:
             return {}
-        losses, acc, text = [], [], []
+        losses, acc, text, source = [], [], [], []
         for s in self.heldout:
             prompt = np.arange(1, s.prompt_len, self.hyper.eval_stride)
             resp = np.arange(s.prompt_len, len(s.tokens) - 1, self.hyper.eval_stride)
@@ -276,6 +276,7 @@ class Trainer:
                 weight = self.weights[None] * b["valid"][n:]
                 losses.append(float(block_objective(logits[n:], b["labels"][n:], weight)))
                 acc.append(accepted_lengths(pred[n:], labels[n:], np.array(b["valid"])[n:]))
+                source += [s.id.split("-")[0]] * len(resp)
         lengths = np.concatenate(acc) if acc else np.zeros(0)
         depths = range(1, self.model.cfg.block_size) if len(lengths) else ()
         per_pos = [float((lengths >= k).mean()) for k in depths]
@@ -287,6 +288,10 @@ class Trainer:
             "blocks": int(len(lengths)),
             "text_accept1": float(hits.mean()) if len(hits) else float("nan"),
             "text_blocks": int(len(hits)),
+            # tau of the response blocks by prompt source (news, code, open: the id's prefix)
+            "tau_by_source": {
+                k: float(1 + lengths[np.array(source) == k].mean()) for k in sorted(set(source))
+            },
         }
 
     def run(self, progress: bool = True) -> History:
