@@ -48,21 +48,39 @@ _INIT = {
 }
 
 
-def _warm_start(m: dict) -> str:
+def _warm_start(m: dict, level: int = 0) -> str:
+    """The runs this one continued, newest first (each warm start carries its predecessor)."""
     prev = m.get("warm_start")
     if not prev:
         return ""
     ph, pd = prev["recipe"]["hyper"], prev["data"]
     seqs, resp = pd.get("train_sequences", "?"), pd.get("train_response_tokens", "?")
+    block = prev.get("drafter", {}).get("dflash_config", {}).get("block_size", "?")
+    heading, who = ("## Warm start", "This run") if level == 0 else ("### Before that", "That run")
     return f"""
-## Warm start
-This run started from the drafter at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
-({ph["epochs"]} epochs, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")} vocabulary) on
-its own data ({seqs} training sequences, {resp} response tokens). Its held-out evaluation,
-on its own held-out sequences:
+{heading}
+{who} started from the drafter then at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
+({ph["epochs"]} epochs, block {block}, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")}
+vocabulary) on its own data ({seqs} training sequences, {resp} response tokens). Its held-out
+evaluation, on its own held-out sequences:
 
 {eval_table(prev["evals"])}
-{_warm_start(prev)}"""
+{_warm_start(prev, level + 1)}"""
+
+
+def _head(m: dict) -> str:
+    n = m.get("head_tokens", 0)
+    if not n:
+        return ""
+    labels = m["data"].get("train_first_labels")
+    labels = f"{labels:,}" if isinstance(labels, int) else "?"
+    return f"""
+## Draft head
+The drafter proposes from {n:,} token ids (`head_token_ids` in model.safetensors, int32): the
+end-of-text ids, then the ids the target predicted most often over the training sequences'
+{labels} first-position labels. A drafted id outside the set cannot be proposed; the target
+still verifies every token, so the output is unchanged. `dflash:DIR,head=0` uses the full head.
+"""
 
 
 def write(out: Path, m: dict) -> None:
@@ -118,7 +136,7 @@ token against the target's argmax at every {h["eval_stride"]}th prompt position)
 metrics.json.
 
 {eval_table(m["evals"])}
-{_warm_start(m)}"""
+{_head(m)}{_warm_start(m)}"""
     (out / "README.md").write_text(text)
     plot(out / "curves.png", m)
 
