@@ -73,6 +73,7 @@ def main() -> None:
     for p in prompts:
         target = make_target(model, tok)
         drafter = load_dflash(checkpoint_dir(None, target.info, "dflash"), target.info)
+        P = min(args.positions, drafter.block - 1)  # a block drafts block - 1 positions
         r = ranks_along(target, drafter, prompt_ids(tok, p.messages), args.max_tokens, P)
         all_ranks += r
         print(f"{p.id:24s} {p.category:12s} top1@1 {np.mean([x[0] == 0 for x in r]):.2f}")
