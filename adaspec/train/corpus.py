@@ -50,11 +50,14 @@ OPEN_CODE_TASKS = (
     "Explain to a beginner how a Python function {text} could be implemented.",
 )
 
+# the prompt sources, in the order build_prompts emits them and answers take turns
+SOURCES = ("news", "code", "open")
+
 
 @dataclass(frozen=True)
 class PromptRecord:
     id: str
-    source: str  # "news", "code" or "open"
+    source: str  # one of SOURCES
     heldout: bool
     messages: tuple[dict, ...]
 

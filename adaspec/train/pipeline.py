@@ -21,7 +21,7 @@ from ..drafters.dflash_model import DFlashModel
 from ..prompting import prompt_ids
 from ..targets.base import TargetInfo, embedding_and_head, target_info
 from . import card
-from .corpus import PromptRecord, build_prompts
+from .corpus import SOURCES, PromptRecord, build_prompts
 from .data import TrainSeq, extract_features, load_labels
 from .generate import answer_prompts, default_rows
 from .objective import TrainingError
@@ -86,7 +86,7 @@ def fingerprint(info: TargetInfo, tokenizer: Any) -> dict:
 def respond_order(prompts: Sequence[PromptRecord]) -> list[PromptRecord]:
     """The order prompts are answered in: news, code and open taking turns, each in its own
     order (so a prefix stays a prefix when --n-news, --n-code or --n-open grows)."""
-    groups = [[p for p in prompts if p.source == s] for s in ("news", "code", "open")]
+    groups = [[p for p in prompts if p.source == s] for s in SOURCES]
     out = []
     for i in range(max(map(len, groups))):
         out += [g[i] for g in groups if i < len(g)]

@@ -281,6 +281,7 @@ class Trainer:
         depths = range(1, self.model.cfg.block_size) if len(lengths) else ()
         per_pos = [float((lengths >= k).mean()) for k in depths]
         hits = np.concatenate(text) if text else np.zeros(0)
+        src = np.array(source, dtype=str)
         return {
             "loss": float(np.mean(losses)) if losses else float("nan"),
             "tau": float(1 + lengths.mean()) if len(lengths) else float("nan"),
@@ -289,9 +290,7 @@ class Trainer:
             "text_accept1": float(hits.mean()) if len(hits) else float("nan"),
             "text_blocks": int(len(hits)),
             # tau of the response blocks by prompt source (news, code, open: the id's prefix)
-            "tau_by_source": {
-                k: float(1 + lengths[np.array(source) == k].mean()) for k in sorted(set(source))
-            },
+            "tau_by_source": {k: float(1 + lengths[src == k].mean()) for k in np.unique(src)},
         }
 
     def run(self, progress: bool = True) -> History:
