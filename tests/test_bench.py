@@ -138,3 +138,19 @@ def test_cli_bench_with_a_peer_draft_and_the_default_drafter(tmp_path):
     assert res["config"]["drafter"] == "pld"  # no DFlash drafter ships for this model
     (r,) = res["records"]
     assert r["identical"] and r["peer_identical"] and r["peer_k"] == 2 and r["tokens"] == 8
+
+
+def test_cli_bench_selects_prompts_by_category_and_names_unknown_ones():
+    suite = [
+        Prompt("a", "qa", True, [{"role": "user", "content": "x"}], 8),
+        Prompt("b", "story", False, [{"role": "user", "content": "y"}], 8),
+        Prompt("c", "math", False, [{"role": "user", "content": "z"}], 8),
+    ]
+    ids = lambda ps: [p.id for p in ps]  # noqa: E731
+    assert ids(cli_bench.select(suite, ["qa,math"], None, None)) == ["a", "c"]
+    assert ids(cli_bench.select(suite, ["qa", "story"], "no", None)) == ["b"]
+    assert ids(cli_bench.select(suite, [], None, 2)) == ["a", "b"]
+    with pytest.raises(GenerationArgumentError, match="--category poem is not in the suite; "):
+        cli_bench.select(suite, ["qa,poem"], None, None)
+    with pytest.raises(GenerationArgumentError, match="no prompts left"):
+        cli_bench.select(suite, ["qa"], "no", None)

@@ -18,7 +18,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per prompt and side")
     p.add_argument("--max-tokens", type=int, default=None, help="override each prompt's")
-    p.add_argument("--category", action="append", default=[], help="only these categories")
+    p.add_argument(
+        "--category",
+        action="append",
+        default=[],
+        help="only this category (repeat the flag, or join several with commas)",
+    )
     p.add_argument(
         "--grounded",
         choices=["yes", "no"],
@@ -58,14 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise GenerationArgumentError(f"--repeats={args.repeats} is invalid; accepted: >= 1")
-    suite = load_suite(args.suite)
-    if args.category:
-        suite = [p for p in suite if p.category in args.category]
-    if args.grounded:
-        suite = [p for p in suite if p.grounded == (args.grounded == "yes")]
-    suite = suite[: args.limit]
-    if not suite:
-        raise GenerationArgumentError("no prompts left after --category/--grounded/--limit")
+    suite = select(load_suite(args.suite), args.category, args.grounded, args.limit)
     model, tokenizer = load_model(args.model)
     drafter = drafter_spec(args, model, tokenizer)
     peer = _peer(args, drafter)
@@ -86,6 +84,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         save(result, args.json)
     return 0
+
+
+def select(suite: list, category: list[str], grounded: str | None, limit: int | None) -> list:
+    """The prompts of `suite` in the given categories (each entry one name or several joined by
+    commas; none: all), grounded or open ("yes" / "no" / None), the first `limit`."""
+    from ..errors import GenerationArgumentError
+
+    if category:
+        wanted = {c.strip() for arg in category for c in arg.split(",") if c.strip()}
+        known = sorted({p.category for p in suite})
+        unknown = sorted(wanted.difference(known))
+        if unknown:
+            raise GenerationArgumentError(
+                f"--category {', '.join(unknown)} is not in the suite; accepted: {', '.join(known)}"
+            )
+        suite = [p for p in suite if p.category in wanted]
+    if grounded:
+        suite = [p for p in suite if p.grounded == (grounded == "yes")]
+    suite = suite[:limit]
+    if not suite:
+        raise GenerationArgumentError("no prompts left after --category/--grounded/--limit")
+    return suite
 
 
 def _peer(args: argparse.Namespace, drafter: str):
