@@ -169,6 +169,14 @@ def test_warm_start_from_a_checkpoint_on_the_data_vocabulary(tmp_path, corpus):
     assert second["evals"][0]["loss"] == pytest.approx(first["evals"][-1]["loss"], rel=1e-2)
     assert second["evals"][-1]["loss"] < first["evals"][0]["loss"]
     assert np.mean([v for _, v in second["loss"][-3:]]) < np.mean([v for _, v in first["loss"][:3]])
+    # the card names the run it continued by that run's record, not by a path on this machine
+    card = (tmp_path / "b" / "README.md").read_text()
+    assert 'warm start from the weights of the run under "Warm start"' in card
+    assert (
+        f"## Warm start\nThis run started from the weights of a run of {first['steps']} steps"
+        in card
+    )
+    assert f"`{tmp_path / 'a'}`" not in card
     with pytest.raises(TrainingError, match="num_hidden_layers is 1, the recipe gives 2"):
         train_dflash(target, tok, tmp_path / "c", replace(warm, layers=2), progress=False)
     with pytest.raises(TrainingError, match="init='nowhere'"):

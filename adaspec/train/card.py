@@ -59,7 +59,7 @@ def _warm_start(m: dict, level: int = 0) -> str:
     heading, who = ("## Warm start", "This run") if level == 0 else ("### Before that", "That run")
     return f"""
 {heading}
-{who} started from the drafter then at `{m["recipe"]["init"]}`, trained for {prev["steps"]} steps
+{who} started from the weights of a run of {prev["steps"]} steps
 ({ph["epochs"]} epochs, block {block}, lr {ph["lr"]}, softmax over the {ph.get("vocab", "full")}
 vocabulary) on its own data ({seqs} training sequences, {resp} response tokens). Its held-out
 evaluation, on its own held-out sequences:
@@ -90,6 +90,9 @@ def write(out: Path, m: dict) -> None:
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
     store = d.get("store", "")
     init = _INIT.get(r["init"], f"a warm start from the drafter at `{r['init']}`")
+    if m.get("warm_start"):  # the record names what the path held when this run began
+        init = 'a warm start from the weights of the run under "Warm start" below'
+
     text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
 
 A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
