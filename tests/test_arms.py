@@ -165,7 +165,7 @@ def test_an_arm_gives_way_when_a_later_one_commits_more_per_second():
 def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes_on():
     """PLD + a weak model drafter: once plain steps are expected to commit more per second
     than the model's drafts, the model stops (PLD does not) and comes back as probes on the
-    floor's growing backoff; an arm alone is left to the gates."""
+    floor's growing backoff; an arm alone is held back by the same rule."""
     probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
     pol = two_arms(probe=probe)
     for _ in range(3):
@@ -191,7 +191,12 @@ def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes
     for _ in range(3):
         alone.observe(plain())
     alone.observe(drafted(0, 2, 0, 0.04, 0.07))
-    assert not alone.plan().plain and alone.held[0].floors == 0  # the commit gate's call
+    # a lone arm is held back the same way; the plain steps until its probe are pipelined
+    plan = alone.plan()
+    assert plan.plain and plan.plain_ahead == 3 and alone.held[0].floors == 1
+    for _ in range(4):
+        alone.observe(plain())
+    assert not alone.plan().plain and alone.held[0].probing
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))

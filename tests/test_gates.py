@@ -193,7 +193,8 @@ def test_a_winning_probe_resets_the_backoff():
 def test_t_ar_is_remeasured_as_the_context_grows():
     pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=0.25))
     trace = drive(pol, 400, lambda ctx: spec(ctx, 4, T_AR * 1.5))
-    assert trace.startswith("AAS") and trace.count("A") >= 4  # 100 -> 500 tokens: re-measured
+    # each (re)measurement is a burst of 4 plain steps; 100 -> 500 tokens: re-measured
+    assert trace.startswith("AAAAS") and trace.count("AAAA") >= 2
     assert pol.floor.floors == 0
 
 
@@ -293,6 +294,35 @@ def test_ar_clock_reads_the_median_of_recent_plain_steps():
         StepStats(drafted=3, accepted=3, committed=4, arm=0, draft_s=0.1, verify_s=0.5, context=110)
     )  # speculative: ignored
     assert clock.t_ar == 0.2 and clock.context == 105
+
+
+def test_ar_clock_prefers_steps_inside_pipelined_bursts():
+    """Once a pipelined step was seen, lone plain steps (a drafter with nothing to propose, a
+    synchronous step) no longer move t_ar: a floor decodes at the pipelined rate. A new
+    generation may not pipeline (sampling), so it starts over."""
+    from adaspec.policy.adaptive import ArClock
+
+    clock = ArClock()
+    for i, t in enumerate([0.9, 0.05, 0.05]):  # cold, then lone synchronous steps
+        clock.observe(StepStats(committed=1, verify_s=t, context=10 + i))
+    assert clock.t_ar == 0.05 and not clock.overlapped
+    clock.observe(StepStats(committed=1, verify_s=0.04, context=13, overlapped=True))
+    assert clock.t_ar == 0.04 and clock.overlapped  # the lone steps' samples are dropped
+    clock.observe(StepStats(committed=1, verify_s=0.05, context=14))
+    assert clock.t_ar == 0.04 and clock.context == 13
+
+
+def test_t_ar_is_measured_in_an_honest_pipelined_burst():
+    """A (re)measurement plans 4 plain steps and says so: each plan's plain_ahead counts the
+    plain steps still certain after it, so the controller may queue their forwards."""
+    pol = one_arm(PolicyConfig(entropy=None))
+    ahead = []
+    for i in range(4):
+        plan = pol.plan()
+        assert plan.plain
+        ahead.append(plan.plain_ahead)
+        pol.observe(StepStats(committed=1, verify_s=T_AR, context=100 + i, overlapped=0 < i < 3))
+    assert ahead == [3, 2, 1, 0] and not pol.plan().plain
 
 
 def test_one_time_drafter_setup_is_not_held_against_speculating():

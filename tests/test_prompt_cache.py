@@ -119,7 +119,7 @@ def test_error_mid_generation_resets_the_cache():
 
     cache = adaspec.make_prompt_cache(model, TOK, drafter=[Broken()])
     with pytest.raises(RuntimeError):
-        list(adaspec.stream_generate(model, TOK, FIRST, prompt_cache=cache, max_tokens=5))
+        list(adaspec.stream_generate(model, TOK, FIRST, prompt_cache=cache, max_tokens=8))
     assert cache.tokens == [] and cache.target.offset == 0
 
 

@@ -58,23 +58,29 @@ class PolicyConfig:
 
 @dataclass
 class ArClock:
-    """The warm plain-step time and the context length it was measured at. t_ar is the median
-    of the latest three plain steps: pipelined plain steps overlap (mlx runs part of a queued
-    forward before returning), so the first and last step of a burst read long and short by
-    most of a step."""
+    """The plain-step time and the context length it was measured at. t_ar is the median of
+    the latest three plain steps; once a step inside a pipelined burst was seen (greedy
+    decoding), of those only: a floor decodes in such bursts, where a step's graph is built
+    while the one before computes, so a lone plain step reads ~25% slower than a floor runs."""
 
     t_ar: float = math.nan
     context: int = 0
     plain_seen: int = 0
     recent: tuple[float, ...] = ()
+    overlapped: bool = False  # t_ar comes from steps inside pipelined bursts
 
     def observe(self, step: StepStats) -> None:
         if step.speculative:
             return
         self.plain_seen += 1
-        if self.plain_seen > 1:  # the first plain step of a generation runs cold
-            self.recent = (*self.recent[-2:], step.total_s)
-            self.t_ar, self.context = statistics.median(self.recent), step.context
+        if self.plain_seen == 1:  # the first plain step of a generation runs cold
+            return
+        if step.overlapped and not self.overlapped:
+            self.overlapped, self.recent = True, ()
+        elif self.overlapped and not step.overlapped:
+            return
+        self.recent = (*self.recent[-2:], step.total_s)
+        self.t_ar, self.context = statistics.median(self.recent), step.context
 
     def stale(self, context: int, refresh: float) -> bool:
         return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
@@ -83,10 +89,12 @@ class ArClock:
 class GatedPolicy:
     """SpecPolicy over any number of arms. Each step: speculate unless a gate floored us (then
     decode plainly and re-probe after a growing backoff); ask the arms in the user's order,
-    skipping an arm a later one is expected to beat and, when there are several, a costly arm
-    plain steps are expected to beat (held back on the floor's backoff-and-probe schedule);
+    skipping an arm a later one is expected to beat and a costly arm plain steps are expected
+    to beat (held back on the floor's backoff-and-probe schedule);
     each arm drafts the length with the most expected tokens per second.
     A gate only decides whether to draft; it never changes which token is emitted."""
+
+    MEASURE_BURST = 4  # plain steps that (re)measure t_ar: the middle two are pipelined
 
     def __init__(self, cfg: PolicyConfig | None = None):
         self.cfg = cfg or PolicyConfig()
@@ -94,7 +102,7 @@ class GatedPolicy:
         self.floor = gates.FloorState()
         self.clock = ArClock()
         self.context = 0
-        self.measure_steps = 0
+        self.measure_steps = self.measure_left = 0
         self.lifts = 0
         self.names: list[str] = []
         # per arm: acceptance by position and costs (plain steps teach every arm the verify
@@ -117,8 +125,9 @@ class GatedPolicy:
             self.trees = [tree_size.TreeSizeState() for _ in arms]
         self.held = [gates.FloorState() for _ in arms]
         self.floor = gates.FloorState()
-        self.clock = replace(self.clock, plain_seen=0)  # the first plain step runs cold
-        self.measure_steps = self.lifts = 0
+        # the first plain step runs cold; this generation may not pipeline (sampling)
+        self.clock = replace(self.clock, plain_seen=0, overlapped=False)
+        self.measure_steps = self.lifts = self.measure_left = 0
         self._reset_gates()
 
     def _reset_gates(self) -> None:
@@ -136,12 +145,16 @@ class GatedPolicy:
         if self.floor.floored:
             peek = self._free_arms() if self.cfg.lift and gates.can_lift(self.floor) else ()
             return Plan((), self.floor.ar_left - 1, peek)
-        if self._measuring():
+        if self.measure_left > 0 or self._measuring():
+            # a pipelined burst: its inner steps time plain decoding as a floor runs it
+            self.measure_left = (self.measure_left or self.MEASURE_BURST) - 1
             self.measure_steps += 1
-            return Plan()
+            return Plan((), self.measure_left)
         if self.cfg.length is None:
             return Plan(tuple((a, UNLIMITED) for a in range(n)), tree_nodes=self._tree_nodes(0))
         order = [a for a in range(n) if not self.held[a].floored]
+        if not order:  # every arm held back: plain until the first one's probe, pipelined
+            return Plan((), min(h.ar_left for h in self.held) - 1)
         order = [a for i, a in enumerate(order) if not self._outranked(a, order[i + 1 :])]
         return Plan(
             tuple((a, draft_length.choose_k(self.cfg.length, self.length[a])) for a in order),
@@ -184,11 +197,13 @@ class GatedPolicy:
         return False
 
     def _loses_to_plain(self, a: int) -> bool:
-        """With several arms, another judged: costly arm a is expected to commit fewer tokens
-        per second than a plain step (times the commit margin). A lone arm is the gates' call."""
+        """Costly arm a, judged, is expected to commit fewer tokens per second than a plain
+        step (times the commit margin). Its estimate (acceptance by position, measured costs)
+        sees a mix of rare wins and steady losses that the commit gate's streak misses."""
         cfg, commit = self.cfg.length, self.cfg.commit
-        judged = any(self.length[b].accept for b in range(len(self.names)) if b != a)
-        if cfg is None or commit is None or math.isnan(self.clock.t_ar) or not judged:
+        if cfg is None or commit is None or math.isnan(self.clock.t_ar):
+            return False
+        if not self.length[a].accept:
             return False
         if self._free(a):
             return False

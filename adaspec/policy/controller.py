@@ -290,8 +290,11 @@ class Decoder:
         arm, draft = self._draft(plan, room)
         t1 = time.perf_counter()
         # 2. verify the newest committed token plus the draft in one forward, and accept
+        overlapped = False
         if not draft.tokens and self.pipelinable:
-            v = self._plain(queue_next=plan.plain_ahead > 0 and room > 1)
+            queue_next = plan.plain_ahead > 0 and room > 1
+            overlapped = queue_next and self._queued is not None
+            v = self._plain(queue_next)
         else:
             v = self._verify(draft)
         t2 = time.perf_counter()
@@ -320,6 +323,7 @@ class Decoder:
             p1=p1,
             floored=plan.plain,
             setup_s=draft.setup_s,
+            overlapped=overlapped,
         )
         self.stats.record(s)
         self.policy.observe(s)

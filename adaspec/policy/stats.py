@@ -23,6 +23,9 @@ class StepStats:
     floored: bool = False  # the policy planned a plain step (floor, or a t_ar measurement)
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
     nodes: int = 0  # nodes of a verified draft tree (drafted = its depth); 0 for a chain
+    # a plain step inside a pipelined burst (its forward queued by the step before, and it
+    # queued the next one's): its time is the per-token rate of plain decoding
+    overlapped: bool = False
 
     @property
     def speculative(self) -> bool:
