@@ -298,8 +298,7 @@ def test_ar_clock_reads_the_median_of_recent_plain_steps():
 
 def test_ar_clock_prefers_steps_inside_pipelined_bursts():
     """Once a pipelined step was seen, lone plain steps (a drafter with nothing to propose, a
-    synchronous step) no longer move t_ar: a floor decodes at the pipelined rate. A new
-    generation may not pipeline (sampling), so it starts over."""
+    synchronous step) no longer move t_ar: a floor decodes at the pipelined rate."""
     from adaspec.policy.adaptive import ArClock
 
     clock = ArClock()

@@ -203,9 +203,7 @@ class GatedPolicy:
         cfg, commit = self.cfg.length, self.cfg.commit
         if cfg is None or commit is None or math.isnan(self.clock.t_ar):
             return False
-        if not self.length[a].accept:
-            return False
-        if self._free(a):
+        if not self.length[a].accept or self._free(a):
             return False
         rate = draft_length.best_rate(cfg, self.length[a])
         return rate is not None and rate * self.clock.t_ar < commit.margin

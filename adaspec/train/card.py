@@ -89,10 +89,11 @@ def write(out: Path, m: dict) -> None:
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
     store = d.get("store", "")
-    init = _INIT.get(r["init"], f"a warm start from the drafter at `{r['init']}`")
-    if m.get("warm_start"):  # the record names what the path held when this run began
+    # a warm start's record says what its path held when this run began; the path may not
+    if m.get("warm_start"):
         init = 'a warm start from the weights of the run under "Warm start" below'
-
+    else:
+        init = _INIT.get(r["init"], f"a warm start from the drafter at `{r['init']}`")
     text = f"""# DFlash drafter ({cfg["num_hidden_layers"]} layers, block {dc["block_size"]})
 
 A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
