@@ -9,13 +9,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.train.corpus import (
+    BRIEF_CODE_TASKS,
+    BRIEF_NAME_TASKS,
+    BRIEF_NUMBER_TASKS,
     OPEN_CODE_TASKS,
     OPEN_NEWS_TASKS,
     OPEN_NUMBER_TASKS,
+    SOURCES,
     PromptRecord,
     build_prompts,
     documented_functions,
+    function_tasks,
+    news_names,
     news_sentences,
+    number_pairs,
 )
 from adaspec.train.objective import TrainingError
 from adaspec.train.pipeline import respond_order
@@ -27,7 +34,8 @@ def sentences(tmp_path, corpus):
     """The tiny corpus with articles of several sentences (its own lines are one long one)."""
     line = (
         "The council of the river city met on Monday to talk about the flood. "
-        "It said that 12 roads were closed and that water levels rose again overnight. "
+        "It said that 12 roads and 5 bridges were closed and that water levels rose again. "
+        "The mayor, Anna River Smith, asked the State Emergency Service for 3 more boats. "
     ) * 3
     (tmp_path / "news.txt").write_text(line + "\n" + line.replace("12", "40") + "\n")
     (tmp_path / "code_modules.txt").write_text((corpus / "code_modules.txt").read_text())
@@ -62,21 +70,50 @@ def test_adding_open_prompts_keeps_the_news_and_code_prompts(corpus):
     assert more[:9] == base and len(more) == 15
 
 
-@given(st.lists(st.sampled_from(["news", "code", "open"]), max_size=30), st.integers(0, 2))
+@given(st.lists(st.sampled_from(SOURCES), max_size=30), st.integers(0, len(SOURCES) - 1))
 def test_answer_order_keeps_its_prefix_when_one_source_grows(sources, grown):
     """Growing one source's count only inserts its new prompts: the others keep their order."""
     recs = [PromptRecord(f"{s}-{i:05d}", s, False, ()) for i, s in enumerate(sources)]
-    extra = ["news", "code", "open"][grown]
+    extra = SOURCES[grown]
     bigger = recs + [PromptRecord(f"{extra}-x{i}", extra, False, ()) for i in range(3)]
     before, after = respond_order(recs), respond_order(bigger)
     assert [p for p in after if p in recs] == before
     assert sorted(p.id for p in after) == sorted(p.id for p in bigger)
-    # the sources take turns while each lasts: the first 3m prompts are m rounds of three
-    m = min(sum(p.source == s for p in bigger) for s in ("news", "code", "open"))
-    rounds = [after[3 * i : 3 * i + 3] for i in range(m)]
-    assert all([p.source for p in r] == ["news", "code", "open"] for r in rounds)
+    # the sources take turns while each lasts: the first n*m prompts are m rounds of n
+    n = len(SOURCES)
+    m = min(sum(p.source == s for p in bigger) for s in SOURCES)
+    rounds = [after[n * i : n * i + n] for i in range(m)]
+    assert all([p.source for p in r] == list(SOURCES) for r in rounds)
 
 
-def test_a_negative_open_count_is_refused_naming_it():
-    with pytest.raises(TrainingError, match="n_open=-1"):
-        Recipe(corpus=str(Path(".")), n_open=-1)
+@pytest.mark.parametrize("field", ["n_open", "n_brief"])
+def test_a_negative_count_is_refused_naming_it(field):
+    with pytest.raises(TrainingError, match=f"{field}=-1"):
+        Recipe(corpus=str(Path(".")), **{field: -1})
+
+
+def test_brief_requests_carry_a_name_a_task_or_two_numbers_and_nothing_to_copy(sentences):
+    corpus = sentences
+    names, pairs = news_names(corpus / "news.txt"), number_pairs(corpus / "news.txt")
+    tasks = function_tasks(corpus / "code_modules.txt")
+    # a name inside a sentence, never the capitalised word that opens one
+    assert names == ["Anna River Smith", "State Emergency Service"]
+    assert pairs == ["12 and 5", "40 and 5"]
+    assert "returns the index where to insert item x in list a, assuming a is sorted." in tasks
+    assert all(t[0].islower() and t.endswith(".") for t in tasks)
+    prompts = build_prompts(corpus, n_news=0, n_code=0, n_brief=60, seed=0)
+    assert {p.source for p in prompts} == {"brief"}
+    seeds = names + pairs + tasks
+    for t in BRIEF_NAME_TASKS + BRIEF_CODE_TASKS + BRIEF_NUMBER_TASKS:
+        made = [p.messages[0]["content"] for p in prompts]
+        # every template is drawn, each prompt is one template around one seed
+        assert any(t.format(text=s) in made for s in seeds), t
+    for p in prompts:
+        text = p.messages[0]["content"]
+        assert len(text) < 200 and not any(s in text for s in news_sentences(corpus / "news.txt"))
+
+
+def test_adding_brief_requests_keeps_every_other_prompt(corpus):
+    base = build_prompts(corpus, n_news=5, n_code=4, n_open=3, seed=1)
+    more = build_prompts(corpus, n_news=5, n_code=4, n_open=3, n_brief=4, seed=1)
+    assert more[:12] == base and len(more) == 16

@@ -89,6 +89,8 @@ def write(out: Path, m: dict) -> None:
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
     store = d.get("store", "")
+    n_brief = r.get("n_brief", 0)
+    brief = f", {n_brief} brief requests" if n_brief else ""
     # a warm start's record says what its path held when this run began; the path may not
     if m.get("warm_start"):
         init = 'a warm start from the weights of the run under "Warm start" below'
@@ -107,7 +109,7 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 
 ## Data
 Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts,
-{r["n_code"]} code prompts and {r.get("n_open", 0)} short open requests (instruction templates
+{r["n_code"]} code prompts, {r.get("n_open", 0)} short open requests{brief} (instruction templates
 in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts

@@ -1,8 +1,10 @@
 """Training prompts from a text corpus: news articles and Python source files, each wrapped in
 one of a few instruction templates (grounded: summarize, extract, answer, document, edit; open:
 continue, explain, write), plus short open requests seeded by one news sentence or one stdlib
-function's signature and docstring (story, explain, arithmetic, code from a description). The
-target writes the responses; this module only asks."""
+function's signature and docstring (story, explain, arithmetic, code from a description), and
+brief requests that carry no text to copy: a name from the news, a task a stdlib docstring
+describes, two numbers from a news sentence. The target writes the responses; this module only
+asks."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,8 +53,19 @@ OPEN_CODE_TASKS = (
     "Explain to a beginner how a Python function {text} could be implemented.",
 )
 
+# brief requests worded as the dev suite's open categories are: the seed is a name, a task or
+# two numbers, so the answer has next to nothing in its prompt to copy
+BRIEF_NAME_TASKS = (
+    "Write a short story about {text}.",
+    "Explain who or what {text} is to a beginner.",
+)
+BRIEF_CODE_TASKS = ("Write a Python function that {text}",)
+BRIEF_NUMBER_TASKS = (
+    "Write a word problem that uses the numbers {text}, then solve it. Explain step by step.",
+)
+
 # the prompt sources, in the order build_prompts emits them and answers take turns
-SOURCES = ("news", "code", "open")
+SOURCES = ("news", "code", "open", "brief")
 
 
 @dataclass(frozen=True)
@@ -153,6 +167,72 @@ def documented_functions(modules_file: Path) -> list[str]:
     return out
 
 
+# a run of two or more capitalised words, not at the start of a sentence
+_NAME = re.compile(r"(?<=[a-z,] )([A-Z][a-z]+(?: [A-Z][a-z]+)+)")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
+
+
+def news_names(path: Path) -> list[str]:
+    """Distinct names of two or more capitalised words inside the news sentences, in order of
+    first appearance."""
+    seen: dict[str, None] = {}
+    for sentence in news_sentences(path):
+        for m in _NAME.finditer(sentence):
+            seen.setdefault(m.group(1))
+    return list(seen)
+
+
+def number_pairs(path: Path) -> list[str]:
+    """Distinct "A and B": the first two distinct numbers of each news sentence that has two."""
+    out: dict[str, None] = {}
+    for sentence in news_sentences(path):
+        nums = list(dict.fromkeys(_NUMBER.findall(sentence)))
+        if len(nums) >= 2:
+            out.setdefault(f"{nums[0]} and {nums[1]}")
+    return list(out)
+
+
+# the imperative verbs a docstring's first line starts with, and their -s forms
+_VERB_ES = ("s", "sh", "ch", "x", "z", "o")
+
+
+def _third_person(verb: str) -> str:
+    if verb.endswith("y") and verb[-2:-1] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + ("es" if verb.endswith(_VERB_ES) else "s")
+
+
+_VERBS = frozenset(
+    "return get set create make check convert compute calculate open close read write remove "
+    "add find parse decode encode draw display construct build test send start stop call "
+    "format split join copy move delete load save print run update reset clear register "
+    "generate validate handle process initialize change wait put insert append extract search "
+    "match replace apply decrypt encrypt compare count sort filter map reverse fetch store "
+    "show hide list quote unquote escape strip wrap pack unpack push pop".split()
+)
+
+
+def function_tasks(modules_file: Path) -> list[str]:
+    """The first docstring lines of the listed modules' public functions that are one whole
+    sentence opening with an imperative verb, as a task: "Return the index ..." -> "returns
+    the index ...". Distinct, in order."""
+    out: dict[str, None] = {}
+    for f in documented_functions(modules_file):
+        doc = f.split(', described as "', 1)[1][:-1]
+        first, _, rest = doc.partition(" ")
+        if first.lower() in _VERBS and rest and doc.endswith(".") and doc.count(". ") == 0:
+            out.setdefault(f"{_third_person(first.lower())} {rest}")
+    return list(out)
+
+
+def _brief_items(corpus: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(seed, the templates that fit it): news names, function tasks, number pairs."""
+    news, code = corpus / "news.txt", corpus / "code_modules.txt"
+    items: list[tuple[str, tuple[str, ...]]] = [(t, BRIEF_NAME_TASKS) for t in news_names(news)]
+    items += [(t, BRIEF_CODE_TASKS) for t in function_tasks(code)]
+    return items + [(t, BRIEF_NUMBER_TASKS) for t in number_pairs(news)]
+
+
 def _open_items(corpus: Path) -> list[tuple[str, tuple[str, ...]]]:
     """(seed text, the templates that fit it): news sentences, then documented functions."""
     items = []
@@ -177,9 +257,11 @@ def build_prompts(
     heldout: float = 0.05,
     max_chars: int = 1500,
     n_open: int = 0,
+    n_brief: int = 0,
 ) -> list[PromptRecord]:
-    """n_news + n_code + n_open prompts, seed texts drawn without replacement while they last
-    (then reused with another task), the held-out split decided by a hash of the seed text."""
+    """n_news + n_code + n_open + n_brief prompts, seed texts drawn without replacement while
+    they last (then reused with another task), the held-out split decided by a hash of the seed
+    text."""
     news_file, code_file = corpus / "news.txt", corpus / "code_modules.txt"
     for f in (news_file, code_file):
         if not f.is_file():
@@ -191,6 +273,7 @@ def build_prompts(
         ("news", n_news, lambda: [(t, NEWS_TASKS) for t in news_chunks(news_file, max_chars)]),
         ("code", n_code, lambda: [(t, CODE_TASKS) for t in code_chunks(code_file, max_chars)]),
         ("open", n_open, lambda: _open_items(corpus)),
+        ("brief", n_brief, lambda: _brief_items(corpus)),
     )
     records = []
     for source, n, items in sources:

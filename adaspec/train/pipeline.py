@@ -45,6 +45,7 @@ def _build(recipe: Recipe) -> list[PromptRecord]:
         n_news=recipe.n_news,
         n_code=recipe.n_code,
         n_open=recipe.n_open,
+        n_brief=recipe.n_brief,
         seed=recipe.hyper.seed,
         heldout=recipe.heldout,
     )
@@ -54,7 +55,7 @@ def _prompts(work: Path, recipe: Recipe) -> list[PromptRecord]:
     built = _build(recipe)
     path = work / "prompts.jsonl"
     if path.is_file():
-        # growing --n-news/--n-code/--n-open keeps the earlier prompts (and their responses)
+        # growing a source's count (--n-news, ...) keeps the earlier prompts and their responses
         new = {p.id: p for p in built}
         old = [PromptRecord.from_json(json.loads(x)) for x in path.read_text().splitlines()]
         if any(p.id in new and new[p.id] != p for p in old):
@@ -84,8 +85,8 @@ def fingerprint(info: TargetInfo, tokenizer: Any) -> dict:
 
 
 def respond_order(prompts: Sequence[PromptRecord]) -> list[PromptRecord]:
-    """The order prompts are answered in: news, code and open taking turns, each in its own
-    order (so a prefix stays a prefix when --n-news, --n-code or --n-open grows)."""
+    """The order prompts are answered in: news, code, open and brief taking turns, each in its
+    own order (so a prefix stays a prefix when one source's count grows)."""
     groups = [[p for p in prompts if p.source == s] for s in SOURCES]
     out = []
     for i in range(max(map(len, groups))):
