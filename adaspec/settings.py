@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     gate_ema_weight: float = Field(0.5, gt=0, le=1)
     gate_min_t_ar_ms: float = Field(0.5, gt=0, le=10000)
     # re-measure the plain-step time when the context grew by this fraction
-    gate_t_ar_refresh: float = Field(0.25, gt=0, le=100)
+    gate_t_ar_refresh: float = Field(1.0, gt=0, le=100)
     # After a floor: plain steps before probing again, growth per losing probe, its cap, and
     # how many speculative steps a probe must survive to win.
     probe_backoff: int = Field(8, ge=1, le=1 << 20)

@@ -20,7 +20,7 @@ class PolicyConfig:
     entropy: gates.EntropyConfig | None = field(default_factory=gates.EntropyConfig)
     commit: gates.CommitConfig | None = field(default_factory=gates.CommitConfig)
     probe: gates.ProbeConfig = field(default_factory=gates.ProbeConfig)
-    t_ar_refresh: float = 0.25
+    t_ar_refresh: float = 1.0
     # None: no length cap from the policy (the drafter proposes what it likes)
     length: draft_length.LengthConfig | None = field(default_factory=draft_length.LengthConfig)
     lift: bool = True  # a strong candidate may end a floor early
