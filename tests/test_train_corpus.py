@@ -117,3 +117,11 @@ def test_adding_brief_requests_keeps_every_other_prompt(corpus):
     base = build_prompts(corpus, n_news=5, n_code=4, n_open=3, seed=1)
     more = build_prompts(corpus, n_news=5, n_code=4, n_open=3, n_brief=4, seed=1)
     assert more[:12] == base and len(more) == 16
+
+
+def test_the_model_card_counts_brief_requests_only_when_a_run_had_some():
+    from adaspec.train.card import prompt_counts
+
+    r = {"n_news": 2, "n_code": 3, "n_open": 4}
+    assert prompt_counts(r) == "2 news prompts, 3 code prompts, 4 short open requests"
+    assert prompt_counts({**r, "n_brief": 5}).endswith(", 4 short open requests, 5 brief requests")

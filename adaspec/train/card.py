@@ -83,14 +83,21 @@ still verifies every token, so the output is unchanged. `dflash:DIR,head=0` uses
 """
 
 
+def prompt_counts(r: dict) -> str:
+    """The prompts a recipe built, by source (brief requests only when there are some)."""
+    parts = [f"{r['n_news']} news prompts", f"{r['n_code']} code prompts"]
+    parts.append(f"{r.get('n_open', 0)} short open requests")
+    if r.get("n_brief"):
+        parts.append(f"{r['n_brief']} brief requests")
+    return ", ".join(parts)
+
+
 def write(out: Path, m: dict) -> None:
     r, h, d = m["recipe"], m["recipe"]["hyper"], m["data"]
     cfg = m["drafter"]
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
     store = d.get("store", "")
-    n_brief = r.get("n_brief", 0)
-    brief = f", {n_brief} brief requests" if n_brief else ""
     # a warm start's record says what its path held when this run began; the path may not
     if m.get("warm_start"):
         init = 'a warm start from the weights of the run under "Warm start" below'
@@ -108,9 +115,8 @@ A block-diffusion drafter for adaspec in z-lab's checkpoint format, trained by
 - Initialisation: {init}.
 
 ## Data
-Prompts built from the corpus at `{r["corpus"]}` only: {r["n_news"]} news prompts,
-{r["n_code"]} code prompts, {r.get("n_open", 0)} short open requests{brief} (instruction templates
-in `adaspec/train/corpus.py`, seed {h["seed"]}),
+Prompts built from the corpus at `{r["corpus"]}` only: {prompt_counts(r)} (instruction
+templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
 (greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{store}`);
