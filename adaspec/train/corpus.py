@@ -192,8 +192,7 @@ def number_pairs(path: Path) -> list[str]:
     return list(out)
 
 
-# the imperative verbs a docstring's first line starts with, and their -s forms
-_VERB_ES = ("s", "sh", "ch", "x", "z", "o")
+_VERB_ES = ("s", "sh", "ch", "x", "z", "o")  # endings whose third person takes -es
 
 
 def _third_person(verb: str) -> str:
@@ -202,6 +201,7 @@ def _third_person(verb: str) -> str:
     return verb + ("es" if verb.endswith(_VERB_ES) else "s")
 
 
+# the imperative verbs a docstring's first line may open with to become a task
 _VERBS = frozenset(
     "return get set create make check convert compute calculate open close read write remove "
     "add find parse decode encode draw display construct build test send start stop call "
