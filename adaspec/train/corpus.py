@@ -148,9 +148,9 @@ def news_sentences(path: Path, lo: int = 60, hi: int = 300) -> list[str]:
     return out
 
 
-def documented_functions(modules_file: Path) -> list[str]:
-    """`name(args)`, described as "first docstring line", for each public function of the
-    listed modules whose docstring opens with a line of 20 characters or more."""
+def _documented(modules_file: Path) -> list[tuple[str, str]]:
+    """(`name(args)`, first docstring line) for each public function of the listed modules
+    whose docstring opens with a line of 20 characters or more."""
     out = []
     for source in _module_sources(modules_file):
         try:
@@ -163,8 +163,14 @@ def documented_functions(modules_file: Path) -> list[str]:
             doc = (ast.get_docstring(node) or "").split("\n")[0].strip()
             if len(doc) >= 20:
                 args = ", ".join(a.arg for a in node.args.args if a.arg not in ("self", "cls"))
-                out.append(f'`{node.name}({args})`, described as "{doc}"')
+                out.append((f"{node.name}({args})", doc))
     return out
+
+
+def documented_functions(modules_file: Path) -> list[str]:
+    """`name(args)`, described as "first docstring line", for each public function of the
+    listed modules whose docstring opens with a line of 20 characters or more."""
+    return [f'`{sig}`, described as "{doc}"' for sig, doc in _documented(modules_file)]
 
 
 # a run of two or more capitalised words, not at the start of a sentence
@@ -175,21 +181,18 @@ _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?!\w)")
 def news_names(path: Path) -> list[str]:
     """Distinct names of two or more capitalised words inside the news sentences, in order of
     first appearance."""
-    seen: dict[str, None] = {}
-    for sentence in news_sentences(path):
-        for m in _NAME.finditer(sentence):
-            seen.setdefault(m.group(1))
-    return list(seen)
+    found = (m.group(1) for s in news_sentences(path) for m in _NAME.finditer(s))
+    return list(dict.fromkeys(found))
 
 
 def number_pairs(path: Path) -> list[str]:
     """Distinct "A and B": the first two distinct numbers of each news sentence that has two."""
-    out: dict[str, None] = {}
+    pairs = []
     for sentence in news_sentences(path):
         nums = list(dict.fromkeys(_NUMBER.findall(sentence)))
         if len(nums) >= 2:
-            out.setdefault(f"{nums[0]} and {nums[1]}")
-    return list(out)
+            pairs.append(f"{nums[0]} and {nums[1]}")
+    return list(dict.fromkeys(pairs))
 
 
 _VERB_ES = ("s", "sh", "ch", "x", "z", "o")  # endings whose third person takes -es
@@ -216,13 +219,12 @@ def function_tasks(modules_file: Path) -> list[str]:
     """The first docstring lines of the listed modules' public functions that are one whole
     sentence opening with an imperative verb, as a task: "Return the index ..." -> "returns
     the index ...". Distinct, in order."""
-    out: dict[str, None] = {}
-    for f in documented_functions(modules_file):
-        doc = f.split(', described as "', 1)[1][:-1]
+    tasks = []
+    for _, doc in _documented(modules_file):
         first, _, rest = doc.partition(" ")
-        if first.lower() in _VERBS and rest and doc.endswith(".") and doc.count(". ") == 0:
-            out.setdefault(f"{_third_person(first.lower())} {rest}")
-    return list(out)
+        if first.lower() in _VERBS and rest and doc.endswith(".") and ". " not in doc:
+            tasks.append(f"{_third_person(first.lower())} {rest}")
+    return list(dict.fromkeys(tasks))
 
 
 def _brief_items(corpus: Path) -> list[tuple[str, tuple[str, ...]]]:
