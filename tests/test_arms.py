@@ -199,6 +199,28 @@ def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes
     assert not alone.plan().plain and alone.held[0].probing
 
 
+@pytest.mark.parametrize("first, lost", [((2, 0), True), ((2, 2), False)])
+def test_a_held_arms_probe_is_lost_when_its_first_step_does_not_break_even(first, lost):
+    """A held arm's probe is a test, as the shared floor's is: a first step that commits less
+    per second than a plain step loses the probe at once, even while the arm's longer estimate
+    (here: mostly accepted drafts) still expects it to win; one that breaks even goes on."""
+    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=3)
+    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    pol.start(["model"])
+    for _ in range(3):
+        pol.observe(plain())
+    for _ in range(4):
+        pol.observe(drafted(0, 2, 2, 0.02, 0.06))
+    pol.held[0] = gates.on_floor(probe, pol.held[0])
+    for _ in range(4):
+        pol.observe(plain())
+    assert pol.held[0].probing and not pol.plan().plain
+    pol.observe(drafted(0, *first, 0.02, 0.06))  # 1 or 3 tokens in 0.08 s; plain: 1 in 0.05
+    assert not pol._loses_to_plain(0)
+    assert pol.held[0].floored is lost and pol.held[0].probes_lost == int(lost)
+    assert pol.held[0].ar_left == (8 if lost else 0)
+
+
 @pytest.mark.parametrize("arch", sorted(TARGETS))
 def test_a_floor_is_lifted_by_a_strong_copy_and_costly_arms_are_not_peeked(arch):
     """While floored, the arms measured as free (PLD) are asked for a strong draft before each

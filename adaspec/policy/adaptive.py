@@ -239,7 +239,7 @@ class GatedPolicy:
         for a in range(len(self.names)):
             if a != arm:
                 self.held[a] = gates.on_plain_step(self.held[a])
-            elif self._loses_to_plain(a):
+            elif self._loses_to_plain(a) or self._probe_lost(self.held[a], step):
                 self.held[a] = gates.on_floor(self.cfg.probe, self.held[a])
             else:
                 self.held[a] = gates.on_spec_step(self.cfg.probe, self.held[a])
@@ -248,6 +248,14 @@ class GatedPolicy:
         elif not held_probe:
             self._gate(step)
 
+    def _probe_lost(self, floor: gates.FloorState, step: StepStats) -> bool:
+        """Step is the first of a probe (of the shared floor or of one held arm's) and does not
+        break even: the probe is lost at once, whatever the longer estimates say."""
+        commit, t_ar = self.cfg.commit, self.clock.t_ar
+        if commit is None or math.isnan(t_ar) or not floor.probing or floor.probe_steps > 0:
+            return False
+        return gates.probe_lost(commit, step.committed, step.judged_s, t_ar)
+
     def _gate(self, step: StepStats) -> None:
         """Feed a speculative step to the gates; floor if one fires."""
         fire = False
@@ -255,10 +263,7 @@ class GatedPolicy:
             self.entropy, f = gates.entropy_step(self.cfg.entropy, self.entropy, step.p1)
             fire |= f
         if self.cfg.commit is not None and not math.isnan(self.clock.t_ar):
-            if self.floor.probing and self.floor.probe_steps == 0:
-                fire |= gates.probe_lost(
-                    self.cfg.commit, step.committed, step.judged_s, self.clock.t_ar
-                )
+            fire |= self._probe_lost(self.floor, step)
             self.commit, f = gates.commit_step(
                 self.cfg.commit, self.commit, step.committed, step.judged_s, self.clock.t_ar
             )
