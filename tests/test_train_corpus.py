@@ -2,6 +2,7 @@
 text, adding them leaves the other prompts as they were, and the answer order interleaves the
 sources so that growing one count keeps every earlier prompt's place."""
 
+import random
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from adaspec.train.corpus import (
     OPEN_NUMBER_TASKS,
     SOURCES,
     PromptRecord,
+    _draws,
     build_prompts,
     documented_functions,
     function_tasks,
@@ -46,7 +48,8 @@ def test_open_prompts_are_short_requests_seeded_by_corpus_text(sentences):
     corpus = sentences
     prompts = build_prompts(corpus, n_news=0, n_code=0, n_open=40, seed=0)
     seeds = news_sentences(corpus / "news.txt") + documented_functions(corpus / "code_modules.txt")
-    assert len(prompts) == 40 and {p.source for p in prompts} == {"open"}
+    assert 0 < len(prompts) <= 40 and {p.source for p in prompts} == {"open"}
+    assert len({p.key for p in prompts}) == len(prompts)
     tasks = OPEN_NEWS_TASKS + OPEN_NUMBER_TASKS + OPEN_CODE_TASKS
     templates = [t.split("{text}")[0] for t in tasks]
     for p in prompts:
@@ -116,7 +119,29 @@ def test_brief_requests_carry_a_name_a_task_or_two_numbers_and_nothing_to_copy(s
 def test_adding_brief_requests_keeps_every_other_prompt(corpus):
     base = build_prompts(corpus, n_news=5, n_code=4, n_open=3, seed=1)
     more = build_prompts(corpus, n_news=5, n_code=4, n_open=3, n_brief=4, seed=1)
-    assert more[:12] == base and len(more) == 16
+    assert more[: len(base)] == base and len(base) < len(more) <= len(base) + 4
+
+
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=12),
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.booleans(),
+)
+def test_draws_never_repeat_a_prompt_and_keep_their_prefix(tasks_per_seed, n, m, repeat):
+    """However many draws are asked for, no (seed, task) pair comes twice; with distinct seed
+    texts every pair is drawn before the draws stop; fewer draws give a prefix of more."""
+    seeds = [(f"s{i}", tuple(f"t{j}" for j in range(k))) for i, k in enumerate(tasks_per_seed)]
+    if repeat:  # a seed text that occurs twice (the corpus has some)
+        seeds.append(seeds[0])
+    few, many = sorted((n, m))
+    a = _draws(seeds, few, random.Random(0))
+    b = _draws(seeds, many, random.Random(0))
+    pairs = [(t, k) for _, t, k in b]
+    assert len(set(pairs)) == len(pairs) and b[: len(a)] == a
+    assert all(i < many for i, _, _ in b) and [i for i, _, _ in b] == sorted({i for i, *_ in b})
+    if not repeat:
+        assert len(b) == min(many, sum(tasks_per_seed))
 
 
 def test_the_model_card_counts_brief_requests_only_when_a_run_had_some():

@@ -261,9 +261,11 @@ def build_prompts(
     n_open: int = 0,
     n_brief: int = 0,
 ) -> list[PromptRecord]:
-    """n_news + n_code + n_open + n_brief prompts, seed texts drawn without replacement while
-    they last (then reused with another task), the held-out split decided by a hash of the seed
-    text."""
+    """Up to n_news + n_code + n_open + n_brief prompts: n draws per source, seed texts drawn
+    without replacement while they last, then reused with a task they have not had; a draw
+    that would repeat a prompt is dropped (its id stays unused), so every prompt is distinct
+    and a source whose (seed, task) pairs run out yields fewer. The held-out split is decided
+    by a hash of the seed text."""
     news_file, code_file = corpus / "news.txt", corpus / "code_modules.txt"
     for f in (news_file, code_file):
         if not f.is_file():
@@ -282,20 +284,38 @@ def build_prompts(
         seeds = items() if n > 0 else []
         if n > 0 and not seeds:
             raise TrainingError(f"corpus {str(corpus)!r} yields no {source} text")
-        rng = random.Random(f"{seed}-{source}")  # per source: a count change keeps the other
-        order: list[tuple[str, tuple[str, ...]]] = []
-        for i in range(n):
-            if not order:
-                order = seeds[:]
-                rng.shuffle(order)
-            text, tasks = order.pop()
-            task = rng.choice(tasks)
-            records.append(
-                PromptRecord(
-                    id=f"{source}-{i:05d}",
-                    source=source,
-                    heldout=_heldout(text, heldout),
-                    messages=({"role": "user", "content": task.format(text=text)},),
-                )
+        records += [
+            PromptRecord(
+                id=f"{source}-{i:05d}",
+                source=source,
+                heldout=_heldout(text, heldout),
+                messages=({"role": "user", "content": task.format(text=text)},),
             )
+            for i, text, task in _draws(seeds, n, random.Random(f"{seed}-{source}"))
+        ]
     return records
+
+
+def _draws(
+    seeds: list[tuple[str, tuple[str, ...]]], n: int, rng: random.Random
+) -> list[tuple[int, str, str]]:
+    """(draw number, seed text, task) of n draws, repeats dropped. The first pass over the
+    seeds draws a task from all of a seed's tasks (so a count change keeps earlier prompts);
+    a later pass holds only the seeds with a task they have not had, and draws among those."""
+    used: set[tuple[str, str]] = set()
+    order: list[tuple[str, tuple[str, ...]]] = []
+    out, passes = [], 0
+    for i in range(n):
+        if not order:
+            order = [(t, ks) for t, ks in seeds if any((t, k) not in used for k in ks)]
+            if not order:
+                break  # every (seed, task) pair was drawn
+            rng.shuffle(order)
+            passes += 1
+        text, tasks = order.pop()
+        fresh = [k for k in tasks if (text, k) not in used]
+        task = rng.choice(tasks if passes == 1 else fresh or tasks)
+        if (text, task) not in used:
+            used.add((text, task))
+            out.append((i, text, task))
+    return out
