@@ -190,6 +190,10 @@ def test_bad_recipe_and_corpus_are_refused(tmp_path):
         Recipe(corpus=".", block=1)
     with pytest.raises(TrainingError, match="epochs=0"):
         Hyper(epochs=0)
+    for bad in ("9-3", "3", "a-b", "-1-2"):
+        with pytest.raises(TrainingError, match=f"shards='{bad}'.*FIRST-LAST"):
+            Recipe(corpus=".", shards=bad)
+    assert Recipe(corpus=".", shards="3-9").shard_range == range(3, 10)
     target, tok = tiny_model("llama"), byte_tokenizer()
     with pytest.raises(TrainingError, match="news.txt"):
         train_dflash(target, tok, tmp_path, tiny_recipe(Recipe(corpus=str(tmp_path))))

@@ -1,6 +1,7 @@
 """The DFlash pipeline on a tiny random target with a response store: prompts without an answer
 train as text, the generation stage alone fills the store, runs (also on a fresh output folder)
-train from the stored token ids without generating again, and more answers are only the new."""
+train from the stored token ids without generating again, more answers are only the new, and a
+shard range chooses which stored answers train."""
 
 import json
 from dataclasses import replace
@@ -29,6 +30,17 @@ def test_a_fresh_run_trains_from_the_stored_responses_without_generating(
     assert before["stored_answers"] == 0 and before["to_answer"] == 4
     assert grow(target, tok, recipe, data, progress=False)["sequences"] == 4
     assert plan(target, tok, recipe, data)["to_answer"] == 0
+    # a shard range leaves the answers outside it untrained (their prompts train as text) but
+    # does not ask for them again
+    other = plan(target, tok, replace(recipe, shards="1-9"), data)
+    assert other["to_answer"] == 0 and other["answered_train_sequences"] == 0
+    assert other["train_sequences"] + other["heldout_sequences"] == 10
+    same = plan(target, tok, replace(recipe, shards="0-0"), data)
+    assert (
+        same["answered_train_sequences"]
+        == plan(target, tok, recipe, data)["answered_train_sequences"]
+        > 0
+    )
 
     def no_generation(*args, **kwargs):
         raise AssertionError("generation ran although the store holds every answer")

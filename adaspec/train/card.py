@@ -97,7 +97,7 @@ def write(out: Path, m: dict) -> None:
     cfg = m["drafter"]
     dc = cfg["dflash_config"]
     vocab = "tokens of the training data" if h.get("vocab") == "data" else "full vocabulary"
-    store = d.get("store", "")
+    store = f"`{d.get('store', '')}`" + (f" (shards {r['shards']})" if r.get("shards") else "")
     # a warm start's record says what its path held when this run began; the path may not
     if m.get("warm_start"):
         init = 'a warm start from the weights of the run under "Warm start" below'
@@ -119,7 +119,7 @@ Prompts built from the corpus at `{r["corpus"]}` only: {prompt_counts(r)} (instr
 templates in `adaspec/train/corpus.py`, seed {h["seed"]}),
 {r["heldout"]:.0%} held out by a hash of the source text, cut to their last {r["max_prompt"]}
 tokens. The target answered {d.get("answered_train_sequences", "all")} of the training prompts
-(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in `{store}`);
+(greedy, up to {r["max_new"]} tokens; the answers are kept as token ids in {store});
 the others train as prompt text alone. {d["train_sequences"]} training sequences
 ({d.get("train_prompt_tokens", "?")} prompt and {d["train_response_tokens"]} response tokens),
 {d["heldout_sequences"]} held out.

@@ -136,8 +136,7 @@ def make_data(
         answer_prompts(
             model, eos, todo, store, max_new=recipe.max_new, rows=rows, progress=progress
         )
-        answers = store.load()
-    return sequences(prompts, ids, answers)
+    return sequences(prompts, ids, store.load(recipe.shard_range))
 
 
 def data_summary(seqs: Sequence[TrainSeq]) -> dict:
@@ -166,7 +165,7 @@ def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
         "prompts": len(prompts),
         "stored_answers": len(answers),
         "to_answer": sum(p.key not in answers for p in order),
-        **data_summary(sequences(prompts, ids, answers)),
+        **data_summary(sequences(prompts, ids, store.load(recipe.shard_range))),
     }
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -81,6 +82,9 @@ class Recipe:
     respond: int | None = None
     # the response store (token ids, kept in the repo); None: OUT/work/responses
     data: str | None = None
+    # "FIRST-LAST": only the answers in the store's shards FIRST..LAST train (None: every
+    # shard); which prompts are answered is still decided by the whole store
+    shards: str | None = None
     gen_batch: int = 0  # decoding rows per batch; 0: the small-GEMM kernel's rows (<= 32)
     layers: int = 2
     block: int = 8
@@ -110,11 +114,24 @@ class Recipe:
             )
         if self.block < 2:
             raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
+        if self.shards is not None and self.shard_range is None:
+            raise TrainingError(
+                f"shards={self.shards!r} is invalid; accepted: FIRST-LAST, two shard numbers "
+                "with FIRST <= LAST (e.g. 89-184)"
+            )
         if self.warm_start is not None and not (self.warm_start / "config.json").is_file():
             raise TrainingError(
                 f"init={self.init!r} is invalid; accepted: target, random, or a DFlash "
                 "checkpoint folder (with config.json)"
             )
+
+    @property
+    def shard_range(self) -> range | None:
+        """The shard numbers `shards` names, or None (every shard, or an invalid value)."""
+        m = re.fullmatch(r"(\d+)-(\d+)", self.shards or "")
+        if m is None or int(m[1]) > int(m[2]):
+            return None
+        return range(int(m[1]), int(m[2]) + 1)
 
     @property
     def warm_start(self) -> Path | None:

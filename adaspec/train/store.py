@@ -65,10 +65,13 @@ class ResponseStore:
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("responses-*.npz"))
 
-    def load(self) -> dict[str, Answer]:
-        """Every stored answer by key (a later shard wins on a repeated key)."""
+    def load(self, only: range | None = None) -> dict[str, Answer]:
+        """Every stored answer by key (a later shard wins on a repeated key); with `only`, the
+        answers in the shards of those numbers."""
         out: dict[str, Answer] = {}
         for path in self.shards():
+            if only is not None and int(path.stem.split("-")[1]) not in only:
+                continue
             for a in _read_shard(path):
                 out[a.key] = a
         return out
