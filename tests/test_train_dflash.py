@@ -73,6 +73,21 @@ def test_extraction_on_parallel_streams_writes_what_one_forward_gives(tmp_path):
         np.testing.assert_array_equal(stored.top_ids, lab.top_ids)
 
 
+def test_hard_labels_keep_no_top_k_and_the_same_greedy_labels(tmp_path):
+    """With the soft term off the forward keeps no top-k (label_k 0): the same features and
+    greedy ids as with top-k, and (T, 0) top-k arrays."""
+    assert Hyper(soft=0.0).label_k == 0 and Hyper(soft=0.5, topk=8).label_k == 8
+    target = tiny_model("llama")
+    s = TrainSeq("s", False, np.random.default_rng(6).integers(0, 256, 23).astype(np.int32), 23)
+    extract_features(target, [s], (0, 1), tmp_path, 0, progress=False)
+    feats, lab = target_forward(target, s.tokens, (0, 1), k=4)
+    stored = load_labels(tmp_path, s, 0)
+    np.testing.assert_array_equal(stored.greedy, lab.greedy)
+    assert stored.top_ids.shape == stored.top_logprobs.shape == (23, 0)
+    got = load_features(tmp_path, s, feats.shape[-1], 0)
+    np.testing.assert_allclose(got, np.array(feats), atol=2e-3, rtol=2e-3)
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_data_vocabulary_head_gives_the_full_heads_columns(tied):
     target = tiny_model("llama")

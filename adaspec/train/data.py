@@ -57,12 +57,16 @@ class TargetLabels:
 
 def _forward_graph(model: Any, tokens: np.ndarray, taps: tuple[int, ...], k: int) -> tuple:
     """The lazy graph of one forward without a cache: (T, len(taps) * hidden) tap features, the
-    target's greedy ids, and its top-k ids and log-probabilities (most likely first)."""
+    target's greedy ids, and its top-k ids and log-probabilities (most likely first; (T, 0)
+    when k is 0)."""
     layers = layer_list(model)
     with spying([(layers, i) for i in sorted(set(taps))]) as spies:
         logits = model(mx.array(tokens, dtype=mx.uint32)[None])[0].astype(mx.float32)
         by_layer = {i: layer_output(s) for i, s in zip(sorted(set(taps)), spies)}
     feats = mx.concatenate([by_layer[i] for i in taps], axis=-1)
+    if k == 0:
+        none = mx.zeros((logits.shape[0], 0))
+        return feats, mx.argmax(logits, axis=-1), none.astype(mx.int32), none
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     k = min(k, logits.shape[-1])
     top = mx.argpartition(-logp, k - 1, axis=-1)[:, :k]

@@ -199,7 +199,7 @@ def head_set(
     counts = np.zeros(vocab_size, dtype=np.int64)
     for s in seqs:
         if not s.heldout:
-            greedy = load_labels(features, s, recipe.hyper.topk).greedy
+            greedy = load_labels(features, s, recipe.hyper.label_k).greedy
             counts += np.bincount(greedy, minlength=vocab_size)[:vocab_size]
     eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [])
     return select_head_tokens(counts, recipe.head, always=[i for i in eos if i < vocab_size])
@@ -240,7 +240,7 @@ def train_dflash(
     prompts = _prompts(work, recipe)
     store = ResponseStore(recipe.data or work / "responses", fingerprint(info, tokenizer))
     seqs = make_data(model, tokenizer, prompts, store, recipe, progress=progress)
-    k = recipe.hyper.topk
+    k = recipe.hyper.label_k
     extract_features(model, seqs, cfg.target_layer_ids, work / "features", k, progress=progress)
     drafter = _drafter(model, cfg, info, recipe)
     trainer = Trainer(

@@ -60,6 +60,13 @@ class Hyper:
                 "are invalid; accepted: lr > 0, 0 <= warmup < 1, clip > 0, gamma >= 0"
             )
 
+    @property
+    def label_k(self) -> int:
+        """Top-k log-probabilities the target forward keeps per position: topk with the soft
+        term on, else none (the logsumexp and top-k over the vocabulary are ~30% of a
+        SmolLM2-135M forward, and hard labels need only the argmax)."""
+        return self.topk if self.soft > 0 else 0
+
 
 @dataclass(frozen=True)
 class Recipe:

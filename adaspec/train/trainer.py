@@ -190,7 +190,7 @@ class Trainer:
         self.train, self.heldout = list(train), list(heldout)
         self.features_dir, self.state_dir = features_dir, state_dir
         self.labels = {
-            s.key: load_labels(features_dir, s, hyper.topk) for s in [*self.train, *self.heldout]
+            s.key: load_labels(features_dir, s, hyper.label_k) for s in [*self.train, *self.heldout]
         }
         self.loss_head = self.head
         if hyper.vocab == "data":
@@ -222,7 +222,7 @@ class Trainer:
     def _batch(
         self, seqs: Sequence[TrainSeq], anchors: list[np.ndarray], soft: bool = False
     ) -> dict[str, mx.array]:
-        feats = [load_features(self.features_dir, s, self.width, self.hyper.topk) for s in seqs]
+        feats = [load_features(self.features_dir, s, self.width, self.hyper.label_k) for s in seqs]
         labels = [self.labels[s.key] for s in seqs]
         return batch_arrays(seqs, feats, labels, anchors, self.model.cfg, soft)
 
