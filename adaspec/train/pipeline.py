@@ -136,7 +136,9 @@ def make_data(
         answer_prompts(
             model, eos, todo, store, max_new=recipe.max_new, rows=rows, progress=progress
         )
-    return sequences(prompts, ids, store.load(recipe.shard_range))
+    if todo or recipe.shard_range is not None:  # the new answers, or the shards that train
+        answers = store.load(recipe.shard_range)
+    return sequences(prompts, ids, answers)
 
 
 def data_summary(seqs: Sequence[TrainSeq]) -> dict:
@@ -160,12 +162,13 @@ def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
     answers = store.load()
     ids = [prompt_ids(tokenizer, list(p.messages))[-recipe.max_prompt :] for p in prompts]
     order = respond_order(prompts)[: recipe.respond]
+    trained = answers if recipe.shard_range is None else store.load(recipe.shard_range)
     return {
         "store": str(store.folder),
         "prompts": len(prompts),
         "stored_answers": len(answers),
         "to_answer": sum(p.key not in answers for p in order),
-        **data_summary(sequences(prompts, ids, store.load(recipe.shard_range))),
+        **data_summary(sequences(prompts, ids, trained)),
     }
 
 

@@ -65,12 +65,17 @@ class ResponseStore:
     def shards(self) -> list[Path]:
         return sorted(self.folder.glob("responses-*.npz"))
 
+    @staticmethod
+    def number(shard: Path) -> int:
+        """A shard's number: NNNNN of responses-NNNNN.npz."""
+        return int(shard.stem.split("-")[1])
+
     def load(self, only: range | None = None) -> dict[str, Answer]:
         """Every stored answer by key (a later shard wins on a repeated key); with `only`, the
         answers in the shards of those numbers."""
         out: dict[str, Answer] = {}
         for path in self.shards():
-            if only is not None and int(path.stem.split("-")[1]) not in only:
+            if only is not None and self.number(path) not in only:
                 continue
             for a in _read_shard(path):
                 out[a.key] = a
@@ -80,7 +85,7 @@ class ResponseStore:
         """Write `answers` as a new shard, then refresh the index."""
         self.folder.mkdir(parents=True, exist_ok=True)
         last = self.shards()
-        n = int(last[-1].stem.split("-")[1]) + 1 if last else 0
+        n = self.number(last[-1]) + 1 if last else 0
         path = self.folder / f"responses-{n:05d}.npz"
         tmp = self.folder / f".responses-{n:05d}.tmp"
         with open(tmp, "wb") as f:
