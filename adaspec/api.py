@@ -207,6 +207,7 @@ def stream_generate(
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
         tree_nodes=settings.tree_cap,
+        overlap_draft=settings.overlap_draft,
     )
     pol = policy or (pc.policy if pc else default_policy(arms, settings))
     held = pc.tokens if pc else ()

@@ -89,6 +89,9 @@ class Settings(BaseSettings):
     probe_len: int = Field(6, ge=1, le=1000)
     # while floored, a cheap drafter's strong candidate (PLD: full-length match) starts a probe
     probe_lift: bool = True
+    # a greedy chain from a drafter that can leave its ids unevaluated (DFlash) is verified
+    # without reading it first: draft and verify run as one computation
+    overlap_draft: bool = True
     # Draft length: adaptive (maximize expected tokens per second) within [min, max]
     draft_adaptive: bool = True
     draft_min: int = Field(1, ge=1, le=256)

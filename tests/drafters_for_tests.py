@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
 import numpy as np
 
 from adaspec.drafters.base import Draft, DraftContext
@@ -172,3 +173,22 @@ class TreeDrafter(ProgramDrafter):
             while tokens[i] < 0 or tokens[i] in taken:
                 tokens[i] = int(rng.integers(0, self.vocab))
         return Draft(tuple(tokens), parents=tuple(parents))
+
+
+class LazyScriptedDrafter(ScriptedDrafter):
+    """A ScriptedDrafter that is also a LazyDrafter: its chain as unevaluated ids (None for an
+    empty one); counts the calls of each kind."""
+
+    def __init__(self, program, reference, n_prompt: int, vocab: int):
+        super().__init__(program, reference, n_prompt, vocab)
+        self.calls = {"draft": 0, "draft_ids": 0, "no_ids": 0}
+
+    def draft(self, ctx: DraftContext) -> Draft:
+        self.calls["draft"] += 1
+        return super().draft(ctx)
+
+    def draft_ids(self, ctx: DraftContext):
+        self.calls["draft_ids"] += 1
+        d = super().draft(ctx)
+        self.calls["no_ids"] += not d.tokens
+        return mx.array(d.tokens, dtype=mx.int32) + 0 if d.tokens else None

@@ -1,7 +1,13 @@
 """Tier 2: greedy speculative output == mlx-lm greedy AR for any draft, on tiny real models."""
 
+import mlx.core as mx
 import pytest
-from drafters_for_tests import ScriptedDrafter, check_refusal, decode_until_refused
+from drafters_for_tests import (
+    LazyScriptedDrafter,
+    ScriptedDrafter,
+    check_refusal,
+    decode_until_refused,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import prompts, step_program
@@ -39,6 +45,48 @@ def test_greedy_output_equals_ar_for_any_draft(tiny, prompt, max_tokens, program
     # invariants after the run: the cache holds all but the newest token; views agree
     assert dec.target.offset == len(prompt) + len(out) - 1
     assert drafter.tokens == prompt + out == dec.committed
+
+
+@settings(max_examples=25)
+@given(
+    prompt=prompts(VOCAB),
+    max_tokens=st.integers(1, 24),
+    program=step_program,
+    overlap=st.booleans(),
+)
+def test_lazy_drafts_verify_like_read_ones(tiny, prompt, max_tokens, program, overlap):
+    """A LazyDrafter's chains, verified on their unevaluated ids (overlap on) or read first
+    (off): AR's tokens either way, the same refusals; draft() is asked only when there are
+    no lazy ids (overlap on) or always (off)."""
+    ref = ar_greedy(tiny, prompt, max_tokens)
+    drafter = LazyScriptedDrafter(program, ref, len(prompt), VOCAB)
+    cfg = DecodeConfig(max_tokens=max_tokens, overlap_draft=overlap)
+    dec = Decoder(KVTarget(tiny), drafter, cfg)
+    out, err = decode_until_refused(dec, prompt)
+    assert out == (ref[: len(out)] if check_refusal(drafter, out, err) else ref)
+    assert dec.target.offset == len(prompt) + len(out) - 1
+    assert drafter.tokens == prompt + out == dec.committed
+    calls = drafter.calls
+    if overlap:
+        assert calls["draft"] == calls["no_ids"] and (calls["draft_ids"] or len(out) <= 1)
+    else:
+        assert calls["draft_ids"] == 0
+
+
+class OutOfVocabLazy(LazyScriptedDrafter):
+    def draft_ids(self, ctx):
+        return mx.array([1, VOCAB + 3], dtype=mx.int32)[: ctx.max_draft] * 1
+
+
+def test_lazy_ids_outside_the_vocabulary_are_refused_after_the_verify(tiny):
+    prompt = [1, 2, 3]
+    drafter = OutOfVocabLazy([("oracle", 2, 0)], ar_greedy(tiny, prompt, 8), 3, VOCAB)
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=8))
+    out, err = decode_until_refused(dec, prompt)
+    assert out == [] and err is not None
+    assert f"token ids [{VOCAB + 3}] outside the target's vocabulary" in str(err)
+    # nothing unverified emitted; the cache back to the prompt (all but its newest token)
+    assert dec.target.offset == len(prompt) - 1 and dec.committed == prompt
 
 
 @settings(max_examples=10)

@@ -85,6 +85,12 @@ def test_draft_length_is_block_minus_one_capped_by_budget():
     assert len(d.draft(ctx(d.tokens, max_draft=64))) == 5
     assert len(d.draft(ctx(d.tokens, max_draft=3))) == 3
     assert len(d.draft(ctx(d.tokens, max_draft=0))) == 0
+    # the lazy chain: the same ids; none for no room, a tree or sampling
+    assert np.array(d.draft_ids(ctx(d.tokens, max_draft=3))).tolist() == list(
+        d.draft(ctx(d.tokens, max_draft=3)).tokens
+    )
+    assert d.draft_ids(ctx(d.tokens, max_draft=0)) is None
+    assert d.draft_ids(ctx(d.tokens, max_draft=3, tree_nodes=4)) is None
     assert d.needs_taps == (0, 1) and d.vocab_size == VOCAB
     assert isinstance(d, DraftModel)
 

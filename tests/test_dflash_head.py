@@ -113,6 +113,11 @@ def test_restricted_head_proposes_only_from_its_set(arch, ids, prompt, seed, tem
     for _ in range(3):
         draft = d.draft(ctx(prompt, temperature=temperature, rng=rng))
         assert len(draft) == d.block - 1 and set(draft.tokens) <= set(ids)
+        lazy = d.draft_ids(ctx(prompt, temperature=temperature))
+        if temperature > 0:  # lazy ids are greedy chains only
+            assert lazy is None
+        else:  # the same chain, as vocabulary ids
+            assert np.array(lazy).tolist() == list(draft.tokens)
         if temperature > 0:  # q: a distribution over the full vocabulary, zero off the set
             q = draft.probs
             assert q.shape == (len(draft), VOCAB) and np.allclose(q.sum(axis=1), 1.0)

@@ -57,10 +57,13 @@ def tiny_drafter(target, *, seed=0, window=2048, sink=4, **cfg_over) -> DFlashDr
     return DFlashDrafter(model, info, window=window, sink=sink)
 
 
-def ctx(tokens, features=None, max_draft=64, temperature=0.0, rng=None) -> DraftContext:
+def ctx(
+    tokens, features=None, max_draft=64, temperature=0.0, rng=None, tree_nodes=0
+) -> DraftContext:
     return DraftContext(
         tokens=list(tokens),
         max_draft=max_draft,
+        tree_nodes=tree_nodes,
         features=None if features is None else mx.array(features),
         temperature=temperature,
         rng=rng if rng is not None else np.random.default_rng(0),

@@ -159,3 +159,18 @@ class DraftModel(Protocol):
     def advance(self, committed_tokens: Sequence[int], ctx: DraftContext) -> None: ...
 
     def rollback(self, n: int) -> None: ...
+
+
+@runtime_checkable
+class LazyDrafter(Protocol):
+    """An optional capability: a greedy chain draft that can stay an unevaluated array.
+
+    draft_ids(ctx) returns the (k,) int ids draft(ctx) would propose (1 <= k <= ctx.max_draft)
+    as a lazy mx.array, or None when this call has no such draft (the controller then calls
+    draft()). The controller builds the target's verify forward on those ids and evaluates
+    drafting and verifying as one computation, so no sync sits between them; it reads the ids
+    afterwards and holds them to the same checks as draft()'s. Called only for greedy chain
+    steps (ctx.temperature == 0, ctx.tree_nodes == 0); the committed view is unchanged.
+    """
+
+    def draft_ids(self, ctx: DraftContext) -> mx.array | None: ...

@@ -216,6 +216,13 @@ class DFlashDrafter:
             return Draft(self.head.greedy(h))
         return Draft(*self.head.sample(h, ctx.temperature, ctx.rng))
 
+    def draft_ids(self, ctx: DraftContext) -> mx.array | None:
+        """The greedy chain draft() proposes, unevaluated (LazyDrafter)."""
+        k = min(self.block - 1, ctx.max_draft)
+        if k <= 0 or ctx.tree_nodes > 1 or ctx.temperature > 0:
+            return None
+        return self.head.greedy_ids(self.hidden(k))
+
     def _tree(self, h: mx.array, budget: int, temperature: float) -> Draft:
         """Best-first by cumulative probability under the drafter's per-position distributions
         (each position drafted once for the whole block, so every branch shares them), within

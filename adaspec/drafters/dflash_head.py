@@ -150,9 +150,13 @@ class DraftHead:
         """(k, size) float32 logits; column j is token j, or ids[j] with a restricted head."""
         return self._project(h).astype(mx.float32)
 
-    def greedy(self, h: mx.array) -> tuple[int, ...]:
+    def greedy_ids(self, h: mx.array) -> mx.array:
+        """(k,) the likeliest token of each row, as vocabulary ids, unevaluated."""
         best = mx.argmax(self.logits(h), axis=-1)
-        return tuple(np.array(best if self.ids is None else self._ids[best]).tolist())
+        return best if self.ids is None else self._ids[best]
+
+    def greedy(self, h: mx.array) -> tuple[int, ...]:
+        return tuple(np.array(self.greedy_ids(h)).tolist())
 
     def sample(
         self, h: mx.array, temperature: float, rng: np.random.Generator

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..drafters.base import Draft, DraftContext, DraftModel
-from ..errors import DrafterError
+from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter
 from ..targets.base import Target
 from . import acceptance, sampling
+from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
 from .plan import AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
 from .stats import GenerationStats, StepStats
 
@@ -30,6 +30,8 @@ class DecodeConfig:
     logits_processors: tuple = ()
     max_draft: int = 64  # hard cap on drafted tokens per step
     tree_nodes: int = 0  # most nodes of a draft tree (0: chains only)
+    # greedy chains from a LazyDrafter: verify on the unevaluated ids (no sync between them)
+    overlap_draft: bool = True
 
 
 @dataclass(frozen=True)
@@ -43,62 +45,12 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
-class _Verified:
-    tokens: list[int]  # committed by this step (accepted drafts + one target token)
-    accepted: int
-    logprobs: mx.array  # (len(tokens) or more, V): row j is the distribution tokens[j] came from
-    features: mx.array | None  # (>= len(tokens), F) tap features of the positions fed
-
-
-@dataclass(frozen=True)
 class _Queued:
     """A plain forward queued before the token it follows was read, as mlx-lm pipelines."""
 
     token: mx.array  # () the lazy argmax
     logprobs: mx.array  # (V,)
     features: mx.array | None
-
-
-def _check_draft(d: Draft, cap: int, vocab: int, name: str, nodes: int = 0) -> None:
-    deep = max(d.depths(), default=0)
-    if deep > cap:
-        raise DrafterError(f"drafter {name!r} proposed {deep} tokens; at most {cap} allowed")
-    if d.is_tree and len(d) > nodes:
-        raise DrafterError(
-            f"drafter {name!r} proposed a tree of {len(d)} nodes; at most {nodes} allowed"
-        )
-    bad = [t for t in d.tokens if not 0 <= t < vocab]
-    if bad:
-        raise DrafterError(
-            f"drafter {name!r} proposed token ids {bad[:5]} outside the target's vocabulary "
-            f"(accepted: 0..{vocab - 1})"
-        )
-    if d.probs is not None and d.probs.shape[1] != vocab:
-        raise DrafterError(
-            f"drafter {name!r} returned q with {d.probs.shape[1]} columns; the target's "
-            f"vocabulary has {vocab}"
-        )
-
-
-def _judge(
-    logits: mx.array, draft: Draft, cfg: DecodeConfig, rng: np.random.Generator
-) -> tuple[acceptance.Outcome, mx.array]:
-    lp = sampling.logprobs(logits)
-    if draft.parents is not None:
-        if cfg.sampling.greedy:
-            top: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
-            return acceptance.accept_tree_greedy(draft.tokens, draft.parents, top), lp
-        rows = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
-        return acceptance.accept_tree_sample(
-            draft.tokens, draft.parents, rows, rng, draft.probs
-        ), lp
-    if cfg.sampling.greedy:
-        argmax: list[int] = mx.argmax(logits, axis=-1).tolist()  # type: ignore[assignment]
-        return acceptance.accept_greedy(draft.tokens, argmax), lp
-    p = sampling.LazyRows(sampling.probs(lp, cfg.sampling))
-    if draft.probs is not None:
-        return acceptance.accept_rejection(draft.tokens, draft.probs, p, rng), lp
-    return acceptance.accept_sample_match(draft.tokens, p, rng), lp
 
 
 def _tap_union(arms: Sequence[DraftModel]) -> tuple[int, ...]:
@@ -132,6 +84,7 @@ class Decoder:
         self.taps = _tap_union(self.arms)
         self.committed: list[int] = [int(t) for t in self.held]
         self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
+        self.overlap = self.pipelinable and self.cfg.overlap_draft
         self._queued: _Queued | None = None
         # why drafts are chains here whatever the drafters would propose ("" = trees verified)
         self.chains_only = (
@@ -211,29 +164,36 @@ class Decoder:
             d = arm.draft(self._ctx(max_draft=self.cfg.max_draft))
             self.policy.observe_peek(a, len(d), time.perf_counter() - t0)
             # held to the same rules as a verified draft, so a broken drafter fails the same way
-            _check_draft(
+            check_draft(
                 d, self.cfg.max_draft, self.target.info.vocab_size, arm.name, self.cfg.tree_nodes
             )
             if d.strong and self.policy.lift():
                 return True
         return False
 
-    def _draft(self, plan: Plan, room: int) -> tuple[int | None, Draft]:
+    def _draft(self, plan: Plan, room: int) -> tuple[int | None, Draft | LazyDraft]:
         """Ask the plan's arms in order; the first non-empty draft is the step's."""
         nodes = 0 if self.chains_only else min(self.cfg.tree_nodes, plan.tree_nodes)
         for a, cap in plan.arms:
             cap = min(cap, self.cfg.max_draft, room - 1)
             if cap <= 0:
                 break
-            arm = self.arms[a]
-            d = arm.draft(self._ctx(max_draft=cap, tree_nodes=nodes))
+            arm, ctx = self.arms[a], self._ctx(max_draft=cap, tree_nodes=nodes)
+            ids = arm.draft_ids(ctx) if self.overlap_ok(arm, nodes) else None  # type: ignore
+            if ids is not None:
+                return a, lazy_draft(ids, cap, arm.name)
+            d = arm.draft(ctx)
             if d.is_tree and not nodes:  # the drafter ignored ctx.tree_nodes == 0
                 d = d.best_chain()
                 self.stats.count_chained(self.chains_only or "the policy chose a chain")
-            _check_draft(d, cap, self.target.info.vocab_size, arm.name, nodes)
+            check_draft(d, cap, self.target.info.vocab_size, arm.name, nodes)
             if len(d):
                 return a, d
         return None, Draft()
+
+    def overlap_ok(self, arm: DraftModel, nodes: int) -> bool:
+        """Whether this step's draft from `arm` may stay lazy into the verify."""
+        return self.overlap and not nodes and isinstance(arm, LazyDrafter)
 
     def _queue(self, token: list[int] | mx.array) -> _Queued:
         fwd = self.target.forward(token, self.taps)
@@ -247,15 +207,15 @@ class Decoder:
             self.target.rollback(1)  # the queued forward of the newest token is fed again
             self._queued = None
 
-    def _plain(self, queue_next: bool) -> _Verified:
+    def _plain(self, queue_next: bool) -> Verified:
         """A greedy plain step; the next one's forward is queued (on the lazy token) before this
         token is read, which hides graph-building time as mlx-lm's decoding does."""
         q = self._queued or self._queue([self.committed[-1]])
         self._queued = self._queue(q.token[None]) if queue_next else None
         token: int = q.token.item()  # type: ignore[assignment]
-        return _Verified([token], 0, q.logprobs[None], q.features)
+        return Verified([token], 0, q.logprobs[None], q.features)
 
-    def _verify(self, draft: Draft) -> _Verified:
+    def _verify(self, draft: Draft) -> Verified:
         self._drop_queued()
         fed = [self.committed[-1], *draft.tokens]
         if draft.parents is not None:
@@ -264,21 +224,51 @@ class Decoder:
         logits = sampling.apply_processors(
             fwd.logits, self.committed, fed, self.cfg.logits_processors
         )
-        outcome, lp = _judge(logits, draft, self.cfg, self.rng)
+        outcome, lp = judge(logits, draft, self.cfg.sampling, self.rng)
         new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
-        return _Verified(new, min(outcome.accepted, len(new)), lp, fwd.features)
+        return Verified(new, min(outcome.accepted, len(new)), lp, fwd.features)
 
-    def _verify_tree(self, fed: list[int], draft: Draft) -> _Verified:
+    def _verify_lazy(self, lazy: LazyDraft) -> tuple[Verified, Draft]:
+        """The verify forward built on the draft's unevaluated ids; one evaluation computes the
+        draft and the target's judgement of it; then the ids are read and checked."""
+        self._drop_queued()
+        last = mx.array([self.committed[-1]], dtype=mx.uint32)
+        # clipped for the forward only: an id outside the vocabulary is refused once read
+        ids = mx.clip(lazy.ids, 0, self.target.info.vocab_size - 1).astype(mx.uint32)
+        fwd = self.target.forward(mx.concatenate([last, ids]), self.taps)
+        top = mx.argmax(fwd.logits, axis=-1)
+        mx.eval(lazy.ids, top)
+        draft = Draft(lazy.ids.tolist())  # type: ignore[arg-type]
+        check_draft(draft, lazy.cap, self.target.info.vocab_size, lazy.name)
+        outcome = acceptance.accept_greedy(draft.tokens, top.tolist())  # type: ignore[arg-type]
+        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
+        lp = sampling.logprobs(fwd.logits)
+        return Verified(new, min(outcome.accepted, len(new)), lp, fwd.features), draft
+
+    def _verify_tree(self, fed: list[int], draft: Draft) -> Verified:
         """One forward over the tree; the cache keeps the accepted path, and the rows returned
         are the ones the committed tokens came from."""
         assert draft.parents is not None
         fwd = self.target.forward_tree(fed, draft.parents, self.taps)
-        outcome, lp = _judge(fwd.logits, draft, self.cfg, self.rng)
+        outcome, lp = judge(fwd.logits, draft, self.cfg.sampling, self.rng)
         self.target.keep_path(outcome.path)
         rows = mx.array([0, *(1 + i for i in outcome.path)])
         feats = None if fwd.features is None else fwd.features[rows]
         new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
-        return _Verified(new, min(outcome.accepted, len(new)), lp[rows], feats)
+        return Verified(new, min(outcome.accepted, len(new)), lp[rows], feats)
+
+    def _judge_step(
+        self, draft: Draft | LazyDraft, plan: Plan, room: int
+    ) -> tuple[Verified, Draft, bool]:
+        """The step's verify (or plain forward): what it committed, the draft as read, and
+        whether the forward had been queued by the step before."""
+        if isinstance(draft, LazyDraft):
+            return *self._verify_lazy(draft), False
+        if not draft.tokens and self.pipelinable:
+            queue_next = plan.plain_ahead > 0 and room > 1
+            overlapped = queue_next and self._queued is not None
+            return self._plain(queue_next), draft, overlapped
+        return self._verify(draft), draft, False
 
     def step(
         self, room: int, plan: Plan | None = None
@@ -290,13 +280,7 @@ class Decoder:
         arm, draft = self._draft(plan, room)
         t1 = time.perf_counter()
         # 2. verify the newest committed token plus the draft in one forward, and accept
-        overlapped = False
-        if not draft.tokens and self.pipelinable:
-            queue_next = plan.plain_ahead > 0 and room > 1
-            overlapped = queue_next and self._queued is not None
-            v = self._plain(queue_next)
-        else:
-            v = self._verify(draft)
+        v, draft, overlapped = self._judge_step(draft, plan, room)
         t2 = time.perf_counter()
         # 3. commit; the cache keeps every committed token but the newest; tell every arm
         self.committed += v.tokens
