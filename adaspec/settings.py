@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     gate_commit_sustain: int = Field(3, ge=1, le=1000)
     gate_warmup: int = Field(2, ge=0, le=1000)
     gate_ema_weight: float = Field(0.5, gt=0, le=1)
+    # the commit gate's EMA weight: slow, so a drafter whose first draft token is accepted about
+    # half the time is judged on ~20 steps, not on its last two or three
+    gate_commit_ema_weight: float = Field(0.1, gt=0, le=1)
     gate_min_t_ar_ms: float = Field(0.5, gt=0, le=10000)
     # re-measure the plain-step time when the context grew by this fraction
     gate_t_ar_refresh: float = Field(1.0, gt=0, le=100)
@@ -96,6 +99,8 @@ class Settings(BaseSettings):
     draft_adaptive: bool = True
     draft_min: int = Field(1, ge=1, le=256)
     draft_max: int = Field(16, ge=1, le=256)
+    # weight of the newest step in the draft-length rule's acceptance and cost EMAs
+    draft_ema_weight: float = Field(0.1, gt=0, le=1)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
     # draft-model drafter: stop a draft at the first token the draft model gives less than this

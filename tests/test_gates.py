@@ -15,6 +15,7 @@ from adaspec.policy.stats import StepStats
 from adaspec.settings import from_env
 
 C = gates.CommitConfig()
+W5 = gates.CommitConfig(weight=0.5)  # lucebox's EMA weight: the hand-computed scenarios
 E = gates.EntropyConfig()
 T_AR = 0.010
 
@@ -44,20 +45,24 @@ def test_warmup_is_silent_even_at_ratio_zero():
 
 def test_streak_reaching_sustain_floors():
     # ema: 1.45, 1.175, 1.0375, 0.96875 (streak 1), 0.934 (2), 0.917 (3) -> floor at step 5
-    assert run_commit([0.9] * 10) == 5
+    assert run_commit([0.9] * 10, W5) == 5
+    # the default slow EMA: 0.9 + 1.1 * 0.9^n falls under 1 at n = 23 (step 22): floor at 24
+    assert run_commit([0.9] * 40) == 24
 
 
 def test_hard_floor_below_half_the_margin():
     # ema 1.05, 0.575 (streak 1), 0.3375 (streak 2 < sustain, but < 0.5 * margin): floor
+    assert run_commit([0.1] * 10, W5) == 2
+    # by default the fast EMA (weight 0.5) takes that path while the slow one is still > 1
     assert run_commit([0.1] * 10) == 2
 
 
 def test_a_good_step_resets_the_streak():
     s = gates.CommitState()
     for r in [0.9] * 4:
-        s, _ = gates.commit_step(C, s, 1, T_AR / r, T_AR)
+        s, _ = gates.commit_step(W5, s, 1, T_AR / r, T_AR)
     assert s.streak == 1
-    s, floor = gates.commit_step(C, s, 5, T_AR, T_AR)
+    s, floor = gates.commit_step(W5, s, 5, T_AR, T_AR)
     assert s.streak == 0 and not floor
 
 
@@ -67,7 +72,10 @@ def test_zero_times_are_guarded():
 
 
 def test_sustained_two_times_slower_drafter_floors():
-    assert run_commit([0.5] * 10) is not None
+    assert run_commit([0.5] * 10, W5) is not None
+    # slow EMA 0.5 + 1.5 * 0.9^n under 1 at n = 11, streak 3 two steps later; the fast one
+    # approaches 0.5 from above and never fires
+    assert run_commit([0.5] * 40) == 12
 
 
 def test_ratio_around_9_6_never_floors():
@@ -141,26 +149,28 @@ def drive(pol, n_steps, spec_step):
     slow=st.floats(1.25, 20),
     entropy=st.booleans(),
     p1=st.floats(0, 1),
+    weight=st.sampled_from([0.1, 0.5]),
 )
 def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
-    warmup, sustain, slow, entropy, p1
+    warmup, sustain, slow, entropy, p1, weight
 ):
     cfg = PolicyConfig(
         entropy=E if entropy else None,
-        commit=gates.CommitConfig(sustain=sustain, warmup=warmup),
+        commit=gates.CommitConfig(sustain=sustain, warmup=warmup, weight=weight),
         probe=gates.ProbeConfig(backoff=1000, max_backoff=1000),
     )
     pol = one_arm(cfg)
-    trace = drive(pol, 60, lambda ctx: spec(ctx, 1, T_AR * slow, p1))
+    trace = drive(pol, 80, lambda ctx: spec(ctx, 1, T_AR * slow, p1))
     first_spec = trace.index("S")
     n_spec = trace[first_spec:].index("A")  # speculative steps until the first floor
     assert trace[:2] == "AA"  # t_ar is measured on warm plain steps first
-    # The EMA starts at 2.0 and needs 3 steps at ratio <= 0.8 to fall under the margin, so the
-    # tight bound is max(warmup, sustain + 2): within warmup + sustain + 1 whenever warmup >= 1
-    # (the default is 2).
-    assert n_spec <= max(warmup, sustain + 2)
+    # The EMA starts at 2.0; at ratio <= 0.8 it falls under the margin within `cross` steps
+    # (3 at weight 0.5, 18 at 0.1), so the bound is max(warmup, cross + sustain - 1): within
+    # warmup + cross + sustain - 2 whenever warmup >= 1.
+    cross = math.ceil(math.log(0.2 / 1.2) / math.log(1 - weight))
+    assert n_spec <= max(warmup, cross + sustain - 1)
     if warmup >= 1:
-        assert n_spec <= warmup + sustain + 1
+        assert n_spec <= warmup + cross + sustain - 2
 
 
 @pytest.mark.parametrize(

@@ -38,13 +38,14 @@ class PolicyConfig:
             s.gate_margin,
             s.gate_commit_sustain,
             s.gate_warmup,
-            s.gate_ema_weight,
+            s.gate_commit_ema_weight,
             s.gate_min_t_ar_ms / 1000,
         )
         probe = gates.ProbeConfig(s.probe_backoff, s.probe_growth, s.probe_max_backoff, s.probe_len)
-        length = draft_length.LengthConfig(s.draft_min, s.draft_max)
+        w = s.draft_ema_weight
+        length = draft_length.LengthConfig(s.draft_min, s.draft_max, w)
         if not s.draft_adaptive:
-            length = draft_length.LengthConfig(s.draft_max, s.draft_max)
+            length = draft_length.LengthConfig(s.draft_max, s.draft_max, w)
         return cls(
             entropy if s.gate in ("both", "entropy") else None,
             commit if s.gate in ("both", "commit") else None,

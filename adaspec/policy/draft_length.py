@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 class LengthConfig:
     min_k: int = 1
     max_k: int = 16
-    weight: float = 0.3  # EMA weight of the newest observation
+    weight: float = 0.3  # EMA weight of the newest observation (ADASPEC_DRAFT_EMA_WEIGHT: 0.1)
     # acceptance assumed before any position was judged, and where the EMAs start: one accepted
     # draft must not read as certainty (it once sent a costly drafter from 3 to 16 tokens)
     prior_accept: float = 0.6

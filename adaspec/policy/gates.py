@@ -35,8 +35,11 @@ class CommitConfig:
     margin: float = 1.0  # speculation must commit at least margin x AR's tokens per second
     sustain: int = 3
     warmup: int = 2
-    weight: float = 0.5
+    weight: float = 0.1  # the EMA the margin is held against: ~20 steps of memory
     min_t_ar: float = 0.5e-3  # seconds; guards a zero or absurdly small AR time
+    # a second, fast EMA floors at once when it drops below half the margin (a drafter far
+    # slower than plain decoding is not given the slow EMA's ~20 steps)
+    fast_weight: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class CommitState:
     ema: float = 2.0
     streak: int = 0
     steps: int = 0
+    fast: float = 2.0
 
 
 def commit_ratio(committed: int, step_s: float, t_ar: float, min_t_ar: float) -> float:
@@ -55,14 +59,15 @@ def commit_ratio(committed: int, step_s: float, t_ar: float, min_t_ar: float) ->
 def commit_step(
     cfg: CommitConfig, s: CommitState, committed: int, step_s: float, t_ar: float
 ) -> tuple[CommitState, bool]:
-    """Observe one speculative step; floor after warm-up when the EMA of the commit ratio stays
-    below the margin for `sustain` steps, or drops below half of it."""
+    """Observe one speculative step; floor after warm-up when the slow EMA of the commit ratio
+    stays below the margin for `sustain` steps, or the fast one drops below half of it."""
     r = commit_ratio(committed, step_s, t_ar, cfg.min_t_ar)
     ema = (1 - cfg.weight) * s.ema + cfg.weight * r
+    fast = (1 - cfg.fast_weight) * s.fast + cfg.fast_weight * r
     streak = s.streak + 1 if ema < cfg.margin else 0
-    s = CommitState(ema, streak, s.steps + 1)
+    s = CommitState(ema, streak, s.steps + 1, fast)
     warm = s.steps >= cfg.warmup
-    return s, warm and (streak >= cfg.sustain or ema < 0.5 * cfg.margin)
+    return s, warm and (streak >= cfg.sustain or min(ema, fast) < 0.5 * cfg.margin)
 
 
 @dataclass(frozen=True)
