@@ -100,7 +100,9 @@ class Settings(BaseSettings):
     draft_min: int = Field(1, ge=1, le=256)
     draft_max: int = Field(16, ge=1, le=256)
     # weight of the newest step in the draft-length rule's acceptance and cost EMAs
-    draft_ema_weight: float = Field(0.1, gt=0, le=1)
+    draft_ema_weight: float = Field(0.3, gt=0, le=1)
+    # ... and in the slow acceptance EMAs that decide whether a costly arm is held back
+    arm_hold_ema_weight: float = Field(0.1, gt=0, le=1)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
     # draft-model drafter: stop a draft at the first token the draft model gives less than this

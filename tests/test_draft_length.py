@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -9,6 +10,7 @@ from adaspec.policy.draft_length import (
     LengthConfig,
     LengthState,
     best_k,
+    best_rate,
     choose_k,
     expected_tokens,
     observe,
@@ -235,3 +237,15 @@ def test_a_stale_cost_is_replaced_not_blended():
     s = feed(s, [(1, 1)] * (CFG.stale_after + 1))
     s = observe(CFG, s, 4, 4, cost_line(4))
     assert math.isclose(s.cost[4], cost_line(4))
+
+
+def test_the_slow_acceptance_behind_holding_an_arm_moves_less_than_the_length_rule():
+    """Three misses in a row at the first position: the length rule's EMA (weight 0.3) falls
+    to 0.6 * 0.7^3, the slow one (0.1) only to 0.6 * 0.9^3, and the rate it prices is higher."""
+    cfg = LengthConfig(min_k=1, max_k=2)
+    s = LengthState()
+    for _ in range(3):
+        s = observe(cfg, s, drafted=2, accepted=0, step_s=1.0)
+    assert s.accept[0] == pytest.approx(0.6 * 0.7**3)
+    assert s.slow[0] == pytest.approx(0.6 * 0.9**3)
+    assert best_rate(cfg, s, slow=True) > best_rate(cfg, s)

@@ -42,10 +42,10 @@ class PolicyConfig:
             s.gate_min_t_ar_ms / 1000,
         )
         probe = gates.ProbeConfig(s.probe_backoff, s.probe_growth, s.probe_max_backoff, s.probe_len)
-        w = s.draft_ema_weight
-        length = draft_length.LengthConfig(s.draft_min, s.draft_max, w)
+        w = dict(weight=s.draft_ema_weight, slow_weight=s.arm_hold_ema_weight)
+        length = draft_length.LengthConfig(s.draft_min, s.draft_max, **w)
         if not s.draft_adaptive:
-            length = draft_length.LengthConfig(s.draft_max, s.draft_max, w)
+            length = draft_length.LengthConfig(s.draft_max, s.draft_max, **w)
         return cls(
             entropy if s.gate in ("both", "entropy") else None,
             commit if s.gate in ("both", "commit") else None,
@@ -206,7 +206,7 @@ class GatedPolicy:
             return False
         if not self.length[a].accept or self._free(a):
             return False
-        rate = draft_length.best_rate(cfg, self.length[a])
+        rate = draft_length.best_rate(cfg, self.length[a], slow=True)
         return rate is not None and rate * self.clock.t_ar < commit.margin
 
     def lift(self) -> bool:

@@ -15,7 +15,10 @@ from dataclasses import dataclass, replace
 class LengthConfig:
     min_k: int = 1
     max_k: int = 16
-    weight: float = 0.3  # EMA weight of the newest observation (ADASPEC_DRAFT_EMA_WEIGHT: 0.1)
+    weight: float = 0.3  # EMA weight of the newest observation
+    # weight of the slow acceptance EMAs behind `best_rate(..., slow=True)`: whether an arm pays
+    # at all is judged on ~20 steps, while the length follows the text (a copy starts or ends)
+    slow_weight: float = 0.1
     # acceptance assumed before any position was judged, and where the EMAs start: one accepted
     # draft must not read as certainty (it once sent a costly drafter from 3 to 16 tokens)
     prior_accept: float = 0.6
@@ -32,6 +35,7 @@ class LengthConfig:
 @dataclass(frozen=True)
 class LengthState:
     accept: tuple[float, ...] = ()  # accept[i]: P(position i accepted | positions < i were)
+    slow: tuple[float, ...] = ()  # the same, EMAs of weight slow_weight
     # cost[k]: EMA seconds of a step that drafted k, without its drafting (nan: unseen)
     cost: tuple[float, ...] = ()
     draft_cost: float = math.nan  # EMA seconds of drafting one token (nan: never timed)
@@ -99,18 +103,22 @@ def best_k(cfg: LengthConfig, s: LengthState) -> int:
     return _best(cfg, s)[0]
 
 
-def best_rate(cfg: LengthConfig, s: LengthState) -> float | None:
-    """Expected committed tokens per second at best_k; None while nothing was timed."""
-    return _best(cfg, s)[1]
+def best_rate(cfg: LengthConfig, s: LengthState, slow: bool = False) -> float | None:
+    """Expected committed tokens per second at the best length; None while nothing was timed.
+    slow: from the slow acceptance EMAs (whether the arm pays at all)."""
+    return _best(cfg, s, s.slow if slow else s.accept)[1]
 
 
-def _best(cfg: LengthConfig, s: LengthState) -> tuple[int, float | None]:
+def _best(
+    cfg: LengthConfig, s: LengthState, accept: tuple[float, ...] | None = None
+) -> tuple[int, float | None]:
+    accept = s.accept if accept is None else accept
     best, rate = cfg.max_k, None
     for k in range(cfg.min_k, reach(cfg, s) + 1):
         c = step_cost(s.cost, k, cfg.prior_slope, s.draft_cost)
         if c is None:
             return cfg.max_k, None  # nothing timed yet: start long and learn
-        r = expected_tokens(s.accept, k, cfg.prior_accept) / c
+        r = expected_tokens(accept, k, cfg.prior_accept) / c
         if rate is None or r > rate:
             best, rate = k, r
     return best, rate
@@ -132,12 +140,8 @@ def observe(
     (if drafted) was rejected, later ones were never judged; of the step's time, draft_s / drafted
     is the draft cost per token and the rest is cost[drafted]. The first step of a generation
     runs cold, so its time is not learnt."""
-    # a position judged for the first time starts from what was assumed for it (the deepest
-    # position's estimate, or the prior)
-    beyond = s.accept[-1] if s.accept else cfg.prior_accept
-    accept = list(s.accept) + [beyond] * max(0, drafted - len(s.accept))
-    for i in range(min(drafted, accepted + 1)):
-        accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, cfg.weight)
+    accept = _accepts(cfg, s.accept, drafted, accepted, cfg.weight)
+    slow = _accepts(cfg, s.slow, drafted, accepted, cfg.slow_weight)
     grow = max(0, drafted + 1 - len(s.cost))
     cost, timed_at = list(s.cost) + [math.nan] * grow, list(s.timed_at) + [0] * grow
     per_token = s.draft_cost
@@ -151,12 +155,26 @@ def observe(
             per_token = _ema(per_token, draft_s / drafted, cfg.weight)
     return replace(
         s,
-        accept=tuple(accept),
+        accept=accept,
+        slow=slow,
         cost=tuple(cost),
         draft_cost=per_token,
         steps=s.steps + 1,
         timed_at=tuple(timed_at),
     )
+
+
+def _accepts(
+    cfg: LengthConfig, old: tuple[float, ...], drafted: int, accepted: int, weight: float
+) -> tuple[float, ...]:
+    """Acceptance EMAs after positions < accepted were accepted and position `accepted` (if
+    drafted) rejected; a position judged for the first time starts from what was assumed for it
+    (the deepest position's estimate, or the prior)."""
+    beyond = old[-1] if old else cfg.prior_accept
+    accept = list(old) + [beyond] * max(0, drafted - len(old))
+    for i in range(min(drafted, accepted + 1)):
+        accept[i] = _ema(accept[i], 1.0 if i < accepted else 0.0, weight)
+    return tuple(accept)
 
 
 def observe_draft_cost(
