@@ -13,8 +13,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter
-from ..targets.base import Target
-from . import acceptance, sampling
+from ..targets.base import Forward, Target
+from . import sampling
 from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
 from .plan import AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
 from .stats import GenerationStats, StepStats
@@ -179,7 +179,7 @@ class Decoder:
             if cap <= 0:
                 break
             arm, ctx = self.arms[a], self._ctx(max_draft=cap, tree_nodes=nodes)
-            ids = arm.draft_ids(ctx) if self.overlap_ok(arm, nodes) else None  # type: ignore
+            ids = arm.draft_ids(ctx) if self._lazy_ok(arm, nodes) else None  # type: ignore
             if ids is not None:
                 return a, lazy_draft(ids, cap, arm.name)
             d = arm.draft(ctx)
@@ -191,7 +191,7 @@ class Decoder:
                 return a, d
         return None, Draft()
 
-    def overlap_ok(self, arm: DraftModel, nodes: int) -> bool:
+    def _lazy_ok(self, arm: DraftModel, nodes: int) -> bool:
         """Whether this step's draft from `arm` may stay lazy into the verify."""
         return self.overlap and not nodes and isinstance(arm, LazyDrafter)
 
@@ -220,7 +220,11 @@ class Decoder:
         fed = [self.committed[-1], *draft.tokens]
         if draft.parents is not None:
             return self._verify_tree(fed, draft)
-        fwd = self.target.forward(fed, self.taps)
+        return self._verdict(self.target.forward(fed, self.taps), fed, draft)
+
+    def _verdict(self, fwd: Forward, fed: list[int], draft: Draft) -> Verified:
+        """What the verify forward over `fed` (the newest committed token, then the chain)
+        commits of `draft`."""
         logits = sampling.apply_processors(
             fwd.logits, self.committed, fed, self.cfg.logits_processors
         )
@@ -236,14 +240,10 @@ class Decoder:
         # clipped for the forward only: an id outside the vocabulary is refused once read
         ids = mx.clip(lazy.ids, 0, self.target.info.vocab_size - 1).astype(mx.uint32)
         fwd = self.target.forward(mx.concatenate([last, ids]), self.taps)
-        top = mx.argmax(fwd.logits, axis=-1)
-        mx.eval(lazy.ids, top)
+        mx.eval(lazy.ids, fwd.logits)
         draft = Draft(lazy.ids.tolist())  # type: ignore[arg-type]
         check_draft(draft, lazy.cap, self.target.info.vocab_size, lazy.name)
-        outcome = acceptance.accept_greedy(draft.tokens, top.tolist())  # type: ignore[arg-type]
-        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
-        lp = sampling.logprobs(fwd.logits)
-        return Verified(new, min(outcome.accepted, len(new)), lp, fwd.features), draft
+        return self._verdict(fwd, [self.committed[-1], *draft.tokens], draft), draft
 
     def _verify_tree(self, fed: list[int], draft: Draft) -> Verified:
         """One forward over the tree; the cache keeps the accepted path, and the rows returned

@@ -100,7 +100,7 @@ def reach(cfg: LengthConfig, s: LengthState) -> int:
 
 def best_k(cfg: LengthConfig, s: LengthState) -> int:
     """The draft length in [min_k, reach] with the most expected tokens per second."""
-    return _best(cfg, s)[0]
+    return _best(cfg, s, s.accept)[0]
 
 
 def best_rate(cfg: LengthConfig, s: LengthState, slow: bool = False) -> float | None:
@@ -109,10 +109,7 @@ def best_rate(cfg: LengthConfig, s: LengthState, slow: bool = False) -> float | 
     return _best(cfg, s, s.slow if slow else s.accept)[1]
 
 
-def _best(
-    cfg: LengthConfig, s: LengthState, accept: tuple[float, ...] | None = None
-) -> tuple[int, float | None]:
-    accept = s.accept if accept is None else accept
+def _best(cfg: LengthConfig, s: LengthState, accept: tuple[float, ...]) -> tuple[int, float | None]:
     best, rate = cfg.max_k, None
     for k in range(cfg.min_k, reach(cfg, s) + 1):
         c = step_cost(s.cost, k, cfg.prior_slope, s.draft_cost)
