@@ -3,6 +3,7 @@ with the committed sequence, the output stays the target's; `auto` is PLD then a
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -199,26 +200,57 @@ def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes
     assert not alone.plan().plain and alone.held[0].probing
 
 
-@pytest.mark.parametrize("first, lost", [((2, 0), True), ((2, 2), False)])
-def test_a_held_arms_probe_is_lost_when_its_first_step_does_not_break_even(first, lost):
-    """A held arm's probe is a test, as the shared floor's is: a first step that commits less
-    per second than a plain step loses the probe at once, even while the arm's longer estimate
-    (here: mostly accepted drafts) still expects it to win; one that breaks even goes on."""
+MISS = drafted(0, 2, 0, 0.02, 0.06)  # 1 token in 0.08 s: commit ratio 0.625 (plain: 1 in 0.05)
+HIT = drafted(0, 2, 2, 0.02, 0.06)  # 3 tokens in 0.08 s: 1.875
+SLOW_MISS = drafted(0, 2, 0, 0.04, 0.07)  # 1 token in 0.11 s: 0.45, below half the margin
+
+
+def held_lone_arm() -> GatedPolicy:
+    """A lone model arm whose slow estimate says plain steps beat it, held back and probing
+    again after the backoff (4 plain steps); probes last 3 steps."""
     probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=3)
     pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
     pol.start(["model"])
     for _ in range(3):
         pol.observe(plain())
     for _ in range(4):
-        pol.observe(drafted(0, 2, 2, 0.02, 0.06))
+        pol.observe(HIT)
+    pol.length[0] = replace(pol.length[0], slow=(0.05, 0.05))  # stale: learnt before a floor
+    assert pol._loses_to_plain(0)
     pol.held[0] = gates.on_floor(probe, pol.held[0])
     for _ in range(4):
         pol.observe(plain())
     assert pol.held[0].probing and not pol.plan().plain
-    pol.observe(drafted(0, *first, 0.02, 0.06))  # 1 or 3 tokens in 0.08 s; plain: 1 in 0.05
-    assert not pol._loses_to_plain(0)
-    assert pol.held[0].floored is lost and pol.held[0].probes_lost == int(lost)
-    assert pol.held[0].ar_left == (8 if lost else 0)
+    return pol
+
+
+@pytest.mark.parametrize(
+    "probe, lost_at",
+    [
+        ((SLOW_MISS, HIT, HIT), 0),  # far below break-even: lost at once
+        ((MISS, MISS, MISS), 2),  # mean ratio 0.625 at its end: lost
+        ((MISS, MISS, HIT, HIT), None),  # mean 1.04 at its end: won
+        ((HIT, HIT, HIT), None),
+    ],
+)
+def test_a_held_arms_probe_is_judged_on_its_own_steps(probe, lost_at):
+    """A held arm's probe is a test on its own steps, not on the estimate that held the arm
+    back (which the plain steps since did not refresh): lost at once by a step below half the
+    margin, else by the mean commit ratio of its steps at its end; a won probe replaces the
+    arm's slow estimate by what the probe taught, so the arm is not held back again at once."""
+    pol = held_lone_arm()
+    for i, s in enumerate(probe[:3]):
+        pol.observe(s)
+        h = pol.held[0]
+        if i == lost_at:
+            assert h.floored and h.probes_lost == 1 and h.ar_left == 8
+            return
+        assert not h.floored
+    assert pol.held[0].probes_won == 1 and not pol.held[0].probing
+    assert pol.length[0].slow == pol.length[0].accept
+    for s in probe[3:]:  # after a won probe the arm is judged by its estimate again
+        pol.observe(s)
+    assert not pol._loses_to_plain(0) and not pol.held[0].floored
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))

@@ -240,14 +240,37 @@ class GatedPolicy:
         for a in range(len(self.names)):
             if a != arm:
                 self.held[a] = gates.on_plain_step(self.held[a])
-            elif self._loses_to_plain(a) or self._probe_lost(self.held[a], step):
+            elif self._held_lost(a, step):
                 self.held[a] = gates.on_floor(self.cfg.probe, self.held[a])
             else:
-                self.held[a] = gates.on_spec_step(self.cfg.probe, self.held[a])
+                self._held_step(a, step)
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
         elif not held_probe:
             self._gate(step)
+
+    def _ratio(self, step: StepStats) -> float | None:
+        """The step's commit ratio (None without a commit gate or a plain-step time)."""
+        commit, t_ar = self.cfg.commit, self.clock.t_ar
+        if commit is None or math.isnan(t_ar):
+            return None
+        return gates.commit_ratio(step.committed, step.judged_s, t_ar, commit.min_t_ar)
+
+    def _held_lost(self, a: int, step: StepStats) -> bool:
+        """Arm a drafted this step: whether it is held back (again). On probe, by the probe's
+        own steps; else by its estimate (`_loses_to_plain`)."""
+        commit, held, ratio = self.cfg.commit, self.held[a], self._ratio(step)
+        if not held.probing or commit is None or ratio is None:
+            return self._loses_to_plain(a)
+        return gates.held_probe_lost(commit, self.cfg.probe, held, ratio)
+
+    def _held_step(self, a: int, step: StepStats) -> None:
+        """Arm a's step passed; a won probe replaces the arm's slow acceptance estimate, which
+        the plain steps before it left stale, by the fast one the probe's steps taught."""
+        held, ratio = self.held[a], self._ratio(step)
+        self.held[a] = gates.on_spec_step(self.cfg.probe, held, ratio or 0.0)
+        if held.probing and not self.held[a].probing:
+            self.length[a] = replace(self.length[a], slow=self.length[a].accept)
 
     def _probe_lost(self, floor: gates.FloorState, step: StepStats) -> bool:
         """Step is the first of a probe (of the shared floor or of one held arm's) and does not

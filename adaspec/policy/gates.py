@@ -88,6 +88,7 @@ class FloorState:
     backoff: int = 0  # 0 = the config's initial backoff
     probing: bool = False
     probe_steps: int = 0
+    probe_ratio: float = 0.0  # sum of the probe's commit ratios so far (held arms' probes)
     floors: int = 0
     probes_won: int = 0
     probes_lost: int = 0
@@ -108,6 +109,7 @@ def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
             ar_left=max(s.backoff, cfg.backoff),
             probing=False,
             probe_steps=0,
+            probe_ratio=0.0,
             floors=s.floors + 1,
             probes_lost=s.probes_lost + 1,
             lifted=False,
@@ -123,6 +125,7 @@ def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
             backoff=backoff,
             probing=False,
             probe_steps=0,
+            probe_ratio=0.0,
             floors=s.floors + 1,
             probes_lost=s.probes_lost + 1,
         )
@@ -133,6 +136,7 @@ def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
         backoff=cfg.backoff,
         probing=False,
         probe_steps=0,
+        probe_ratio=0.0,
         floors=s.floors + 1,
     )
 
@@ -152,7 +156,7 @@ def on_lift(s: FloorState) -> FloorState:
     recent lifts lost and their own backoff has not run out."""
     if not can_lift(s):
         return s
-    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0, lifted=True)
+    return _start_probe(s, lifted=True)
 
 
 def on_plain_step(s: FloorState) -> FloorState:
@@ -162,12 +166,28 @@ def on_plain_step(s: FloorState) -> FloorState:
     wait = max(s.lift_wait - 1, 0)
     if s.ar_left > 1:
         return replace(s, ar_left=s.ar_left - 1, lift_wait=wait)
-    return replace(s, floored=False, ar_left=0, probing=True, probe_steps=0, lift_wait=wait)
+    return _start_probe(s, lift_wait=wait)
 
 
-def on_spec_step(cfg: ProbeConfig, s: FloorState) -> FloorState:
+def _start_probe(s: FloorState, **changes) -> FloorState:
+    return replace(
+        s, floored=False, ar_left=0, probing=True, probe_steps=0, probe_ratio=0.0, **changes
+    )
+
+
+def held_probe_lost(cfg: CommitConfig, probe: ProbeConfig, s: FloorState, ratio: float) -> bool:
+    """A held arm's probe is judged on its own steps (this one's commit ratio is `ratio`), not
+    on the estimate that held the arm back, which the plain steps since did not refresh: lost
+    when the mean ratio of its steps falls below half the margin, or below the margin at its
+    last step."""
+    mean = (s.probe_ratio + ratio) / (s.probe_steps + 1)
+    last = s.probe_steps + 1 >= probe.probe_len
+    return mean < cfg.margin * (1.0 if last else 0.5)
+
+
+def on_spec_step(cfg: ProbeConfig, s: FloorState, ratio: float = 0.0) -> FloorState:
     """A speculative step passed the gates; a probe that survives `probe_len` steps wins and
-    resets the backoff."""
+    resets the backoff. ratio: the step's commit ratio, summed over a probe."""
     if not s.probing:
         return s
     if s.probe_steps + 1 >= cfg.probe_len:
@@ -175,9 +195,10 @@ def on_spec_step(cfg: ProbeConfig, s: FloorState) -> FloorState:
             s,
             probing=False,
             probe_steps=0,
+            probe_ratio=0.0,
             backoff=cfg.backoff,
             probes_won=s.probes_won + 1,
             lifted=False,
             lift_backoff=0 if s.lifted else s.lift_backoff,
         )
-    return replace(s, probe_steps=s.probe_steps + 1)
+    return replace(s, probe_steps=s.probe_steps + 1, probe_ratio=s.probe_ratio + ratio)
