@@ -102,27 +102,38 @@ def test_never_leaves_the_bounds_with_draft_cost(steps, per_token_ar, lo, hi):
         s = observe(cfg, s, d, a, cost_line(d) + per_token_ar * T * d, per_token_ar * T * d)
 
 
-def test_draft_cost_is_learned_per_token_and_kept_out_of_the_verify_cost():
+def test_a_step_is_priced_with_its_drafting_and_extrapolated_per_token_beyond_the_measured():
     s = feed_costly(WARM, [(0, 0), (4, 2)], per_token=0.4 * T)
     assert math.isclose(s.draft_cost, 0.4 * T)
-    assert math.isclose(s.cost[4], cost_line(4))
-    # an unseen length is priced as its verify (grown from the longest seen) plus its drafting
-    want = cost_line(4) * (1 + 0.1 * 4) + 8 * 0.4 * T
+    assert math.isclose(s.cost[4], cost_line(4) + 4 * 0.4 * T)
+    # beyond the longest measured length: its cost grown as a verify, plus the extra drafting
+    want = s.cost[4] * (1 + 0.1 * 4) + 4 * 0.4 * T
     assert math.isclose(step_cost(s.cost, 8, 0.1, s.draft_cost), want)
+    # between measured lengths: a drafter costing per token is priced per token
     assert math.isclose(step_cost(s.cost, 2, 0.1, s.draft_cost), cost_line(2) + 2 * 0.4 * T)
 
 
+def test_a_draft_that_costs_the_same_at_every_length_is_not_priced_per_token():
+    """One block drafted whatever k (DFlash): 0.4 plain steps per draft. Dividing by k made
+    short drafts look cheap; measured step costs price k = 1 and 3 as what they cost."""
+    s = WARM
+    for k in (0, 1, 3, 1, 3):
+        s = observe(CFG, s, k, 0, cost_line(k) + (0.4 * T if k else 0.0), 0.4 * T if k else 0.0)
+    for k in (1, 2, 3):
+        assert math.isclose(step_cost(s.cost, k, 0.1, s.draft_cost), cost_line(k) + 0.4 * T)
+
+
 @given(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=12), st.sets(st.integers(1, 12)))
-def test_verify_cost_interpolates_and_keeps_the_measured_order(costs, holes):
+def test_measured_cost_interpolates_and_keeps_the_measured_order(costs, holes):
     """Measured costs that grow with k give unseen lengths costs that grow too, between the
     measured neighbours."""
-    from adaspec.policy.draft_length import verify_cost
+    from adaspec.policy.draft_length import measured_cost
 
     costs = sorted(costs)
     cost = tuple(math.nan if i in holes else c for i, c in enumerate(costs))
     prev = 0.0
     for k in range(len(cost) + 6):
-        c = verify_cost(cost, k, 0.08)
+        c = measured_cost(cost, k, 0.08)
         assert c >= prev - 1e-12
         prev = c
         if k < len(cost) and k not in holes:

@@ -1,6 +1,7 @@
 """Adaptive draft length: pick k to maximize expected committed tokens per second, from the
-observed acceptance at each draft position, the measured verify cost of steps that drafted k and
-the measured draft cost per token (docs/gates.md, "Draft length").
+observed acceptance at each draft position, the measured cost of steps that drafted k (drafting
+included) and the measured draft cost per token, which prices lengths beyond the measured ones
+(docs/gates.md, "Draft length").
 
 Pure: state + observation in, state out; times are passed in by the controller.
 """
@@ -36,9 +37,12 @@ class LengthConfig:
 class LengthState:
     accept: tuple[float, ...] = ()  # accept[i]: P(position i accepted | positions < i were)
     slow: tuple[float, ...] = ()  # the same, EMAs of weight slow_weight
-    # cost[k]: EMA seconds of a step that drafted k, without its drafting (nan: unseen)
+    # cost[k]: EMA seconds of a step that drafted k, its drafting included (nan: unseen); a
+    # drafter whose draft costs the same at every length (one DFlash block) is priced right
     cost: tuple[float, ...] = ()
-    draft_cost: float = math.nan  # EMA seconds of drafting one token (nan: never timed)
+    # EMA seconds of drafting per drafted token (nan: never timed): prices the tokens beyond
+    # the longest measured length, and tells a free arm from a costly one
+    draft_cost: float = math.nan
     steps: int = 0  # steps observed
     timed_at: tuple[int, ...] = ()  # timed_at[k]: the step cost[k] was last updated at
 
@@ -57,18 +61,24 @@ def expected_tokens(accept: tuple[float, ...], k: int, prior: float) -> float:
 def step_cost(
     cost: tuple[float, ...], k: int, prior_slope: float, draft_cost: float = 0.0
 ) -> float | None:
-    """Seconds of a step drafting k: k * draft_cost plus the rest of the step (verify cost)."""
-    drafting = 0.0 if math.isnan(draft_cost) else k * draft_cost
-    rest = verify_cost(cost, k, prior_slope)
-    return None if rest is None else rest + drafting
+    """Seconds of a step drafting k, drafting included: `measured_cost`, with draft_cost
+    added for each token beyond the longest measured length and taken off for each token short
+    of the shortest one (outside the measured lengths drafting is priced per token)."""
+    rest = measured_cost(cost, k, prior_slope)
+    if rest is None or math.isnan(draft_cost):
+        return rest
+    seen = [i for i, c in enumerate(cost) if not math.isnan(c)]
+    extra = max(k - seen[-1], 0) - max(seen[0] - k, 0)
+    return max(rest + extra * draft_cost, 1e-9)
 
 
-def verify_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
+def measured_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float | None:
     """cost[k] if measured; between measured lengths, the straight line joining the nearest
-    two; beyond the longest measured length K, cost[K] grown by prior_slope per extra token;
-    below the shortest, its cost. None if nothing was measured. Optimistic beyond K on purpose:
-    a verify's cost grows much slower than linearly on fast BLAS (a step, then flat, on MKL),
-    and a length is measured as soon as it is tried."""
+    two; beyond the longest measured length K, cost[K] grown by prior_slope per extra token (the
+    verify's growth; step_cost adds the drafting); below the shortest, its cost. None if nothing
+    was measured. Optimistic beyond K on purpose: a verify's cost grows much slower than
+    linearly on fast BLAS (a step, then flat, on MKL), and a length is measured as soon as it
+    is tried."""
     seen = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
     if not seen:
         return None
@@ -134,9 +144,9 @@ def observe(
     draft_s: float = 0.0,
 ) -> LengthState:
     """Learn from one step: positions before `accepted` were accepted, position `accepted`
-    (if drafted) was rejected, later ones were never judged; of the step's time, draft_s / drafted
-    is the draft cost per token and the rest is cost[drafted]. The first step of a generation
-    runs cold, so its time is not learnt."""
+    (if drafted) was rejected, later ones were never judged; the step's time is cost[drafted],
+    and draft_s / drafted the draft cost per token. The first step of a generation runs cold, so
+    its time is not learnt."""
     accept = _accepts(cfg, s.accept, drafted, accepted, cfg.weight)
     slow = _accepts(cfg, s.slow, drafted, accepted, cfg.slow_weight)
     grow = max(0, drafted + 1 - len(s.cost))
@@ -144,9 +154,7 @@ def observe(
     per_token = s.draft_cost
     if s.steps > 0:
         stale = s.steps - timed_at[drafted] > cfg.stale_after
-        cost[drafted] = _ema(
-            math.nan if stale else cost[drafted], max(step_s - draft_s, 0.0), cfg.weight
-        )
+        cost[drafted] = _ema(math.nan if stale else cost[drafted], step_s, cfg.weight)
         timed_at[drafted] = s.steps
         if drafted > 0:
             per_token = _ema(per_token, draft_s / drafted, cfg.weight)
