@@ -237,13 +237,14 @@ class GatedPolicy:
         # a draft made as a held arm's probe is judged by that arm's floor alone: a losing
         # probe must not floor the other arms with it
         held_probe = arm is not None and self.held[arm].probing
+        ratio = self._ratio(step) if arm is not None else None
         for a in range(len(self.names)):
             if a != arm:
                 self.held[a] = gates.on_plain_step(self.held[a])
-            elif self._held_lost(a, step):
+            elif self._held_lost(a, ratio):
                 self.held[a] = gates.on_floor(self.cfg.probe, self.held[a])
             else:
-                self._held_step(a, step)
+                self._held_step(a, ratio)
         if not step.speculative:
             self.floor = gates.on_plain_step(self.floor)
         elif not held_probe:
@@ -256,18 +257,18 @@ class GatedPolicy:
             return None
         return gates.commit_ratio(step.committed, step.judged_s, t_ar, commit.min_t_ar)
 
-    def _held_lost(self, a: int, step: StepStats) -> bool:
-        """Arm a drafted this step: whether it is held back (again). On probe, by the probe's
-        own steps; else by its estimate (`_loses_to_plain`)."""
-        commit, held, ratio = self.cfg.commit, self.held[a], self._ratio(step)
+    def _held_lost(self, a: int, ratio: float | None) -> bool:
+        """Arm a drafted this step (commit ratio `ratio`): whether it is held back (again). On
+        probe, by the probe's own steps; else by its estimate (`_loses_to_plain`)."""
+        commit, held = self.cfg.commit, self.held[a]
         if not held.probing or commit is None or ratio is None:
             return self._loses_to_plain(a)
         return gates.held_probe_lost(commit, self.cfg.probe, held, ratio)
 
-    def _held_step(self, a: int, step: StepStats) -> None:
+    def _held_step(self, a: int, ratio: float | None) -> None:
         """Arm a's step passed; a won probe replaces the arm's slow acceptance estimate, which
         the plain steps before it left stale, by the fast one the probe's steps taught."""
-        held, ratio = self.held[a], self._ratio(step)
+        held = self.held[a]
         self.held[a] = gates.on_spec_step(self.cfg.probe, held, ratio or 0.0)
         if held.probing and not self.held[a].probing:
             self.length[a] = replace(self.length[a], slow=self.length[a].accept)

@@ -64,11 +64,13 @@ def step_cost(
     """Seconds of a step drafting k, drafting included: `measured_cost`, with draft_cost
     added for each token beyond the longest measured length and taken off for each token short
     of the shortest one (outside the measured lengths drafting is priced per token)."""
-    rest = measured_cost(cost, k, prior_slope)
-    if rest is None or math.isnan(draft_cost):
+    seen = _seen(cost)
+    if not seen:
+        return None
+    rest = _measured(seen, cost, k, prior_slope)
+    if math.isnan(draft_cost):
         return rest
-    seen = [i for i, c in enumerate(cost) if not math.isnan(c)]
-    extra = max(k - seen[-1], 0) - max(seen[0] - k, 0)
+    extra = max(k - seen[-1][0], 0) - max(seen[0][0] - k, 0)
     return max(rest + extra * draft_cost, 1e-9)
 
 
@@ -79,9 +81,17 @@ def measured_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float 
     was measured. Optimistic beyond K on purpose: a verify's cost grows much slower than
     linearly on fast BLAS (a step, then flat, on MKL), and a length is measured as soon as it
     is tried."""
-    seen = [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
-    if not seen:
-        return None
+    seen = _seen(cost)
+    return _measured(seen, cost, k, prior_slope) if seen else None
+
+
+def _seen(cost: tuple[float, ...]) -> list[tuple[int, float]]:
+    return [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
+
+
+def _measured(
+    seen: list[tuple[int, float]], cost: tuple[float, ...], k: int, prior_slope: float
+) -> float:
     if k < len(cost) and not math.isnan(cost[k]):
         return cost[k]
     lo = max(((i, c) for i, c in seen if i < k), default=None)
