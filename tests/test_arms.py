@@ -44,18 +44,21 @@ def pld_then_dflash(target, seed=0, min_match=2, block=6):
     seed=st.integers(0, 999),
     min_match=st.integers(1, 3),
     gated=st.booleans(),
+    short=st.booleans(),
 )
 def test_greedy_output_equals_ar_and_every_arm_stays_in_sync(
-    arch, motif, repeats, max_tokens, seed, min_match, gated
+    arch, motif, repeats, max_tokens, seed, min_match, gated, short
 ):
     target = TARGETS[arch]
     prompt = motif * repeats
     pld, dfl = pld_then_dflash(target, seed, min_match)
+    # auto's shape: a second prompt-lookup arm for the short matches, before the model
+    lookups = [pld, PromptLookup(3, 1, 6)] if short else [pld]
     policy = GatedPolicy(PolicyConfig()) if gated else AlwaysSpeculate()
-    dec = Decoder(KVTarget(target), [pld, dfl], DecodeConfig(max_tokens=max_tokens), policy)
+    dec = Decoder(KVTarget(target), [*lookups, dfl], DecodeConfig(max_tokens=max_tokens), policy)
     out = [e.token for e in decode(dec, prompt)]
     assert out == ar_greedy(target, prompt, max_tokens)
-    assert pld.tokens == dec.committed == prompt + out
+    assert all(a.tokens == dec.committed == prompt + out for a in lookups)
     assert dfl.cache.length == len(dec.committed) - 1
 
 
@@ -285,8 +288,12 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     info = target_info(target)
     tiny_drafter(target, block=5).save(tmp_path / "ck")
     s = settings_mod.from_env({"ADASPEC_AUTO_PLD_MIN_MATCH": "3"})
-    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
+    pld, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
     assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
+    assert isinstance(short, PromptLookup) and short.min_ngram == 1  # its own estimates
+    assert [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)] == [
+        PromptLookup, PromptLookup, DFlashDrafter
+    ]
     pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)
     assert pld.min_ngram == 1 and dfl.block == 3
     (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
@@ -315,7 +322,7 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
     s = settings_mod.from_env({})
     assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
     got = [type(a) for a in make_arms("auto", info, s)]
-    assert got == ([PromptLookup, DFlashDrafter] if marked else [PromptLookup])
+    assert got == ([PromptLookup, PromptLookup, DFlashDrafter] if marked else [PromptLookup])
     assert default_spec(info) == ("auto" if marked else "pld")
 
 

@@ -55,7 +55,7 @@ def test_shipped_drafter_fits_the_target(shipped):
     assert default_spec(info) == ("auto" if dflash.in_auto(folder) else "pld")
 
 
-@pytest.mark.parametrize("drafter", ["pld:min_ngram=2+dflash", "dflash"])
+@pytest.mark.parametrize("drafter", ["auto", "dflash"])
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_shipped_drafter_output_is_mlx_lm_greedy(shipped, drafter, i):
     model, tok, _, _ = shipped

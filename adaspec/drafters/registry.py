@@ -90,27 +90,32 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
     ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N) in front of a model drafter, which is
     the DFlash checkpoint shipped for the target (`auto`, where that checkpoint is marked as
     beating PLD alone: dflash.in_auto), the DFlash folder named (`auto:DIR[,block=N...]`) or
-    any other drafter (`auto:draft-model:NAME[,k=v]`). Otherwise `auto` is PLD alone."""
+    any other drafter (`auto:draft-model:NAME[,k=v]`). Otherwise `auto` is PLD alone.
+    In front of DFlash a second prompt-lookup arm takes the shorter matches, with estimates of
+    its own: the policy weighs them against the DFlash draft (docs/drafters.md)."""
     from .dflash import default_checkpoint, in_auto
 
     options = dict(arm.options)
     min_match = options.pop("min_match", str(settings.auto_pld_min_match))
     pld = ArmSpec("pld", None, (("min_ngram", min_match),))
+    before_dflash = [pld] if min_match.strip().lstrip("0") == "1" else [pld, ArmSpec("pld")]
     rest = tuple(options.items())
     if arm.path is None:
         shipped = default_checkpoint(info)
         if not rest and (shipped is None or not in_auto(shipped)):
             return [ArmSpec("pld")]
-        return [pld, ArmSpec("dflash", None, rest)]
+        return [*before_dflash, ArmSpec("dflash", None, rest)]
     inner_name, sep, inner_path = arm.path.partition(":")
     if inner_name in ("auto", "pld", "none"):
         raise DrafterError(
             f"{arm} is invalid: PLD already comes first; accepted: auto[:DIR] (DFlash) or "
             "auto:SPEC with SPEC another drafter, e.g. auto:draft-model:NAME"
         )
+    if inner_name == "dflash":
+        return [*before_dflash, ArmSpec("dflash", inner_path or None if sep else None, rest)]
     if inner_name in names():
         return [pld, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
-    return [pld, ArmSpec("dflash", arm.path, rest)]
+    return [*before_dflash, ArmSpec("dflash", arm.path, rest)]
 
 
 def arms(spec: str, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
