@@ -291,9 +291,8 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     pld, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
     assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
     assert isinstance(short, PromptLookup) and short.min_ngram == 1  # its own estimates
-    assert [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)] == [
-        PromptLookup, PromptLookup, DFlashDrafter
-    ]
+    got = [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)]
+    assert got == [PromptLookup, PromptLookup, DFlashDrafter]
     pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)
     assert pld.min_ngram == 1 and dfl.block == 3
     (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
