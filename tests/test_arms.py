@@ -291,6 +291,8 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     pld, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
     assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
     assert isinstance(short, PromptLookup) and short.min_ngram == 1  # its own estimates
+    longer = settings_mod.from_env({"ADASPEC_PLD_MIN_NGRAM": "2"})  # a plain `pld` arm's default
+    assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[1].min_ngram == 1
     got = [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)]
     assert got == [PromptLookup, PromptLookup, DFlashDrafter]
     pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)

@@ -98,7 +98,8 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
     options = dict(arm.options)
     min_match = options.pop("min_match", str(settings.auto_pld_min_match))
     pld = ArmSpec("pld", None, (("min_ngram", min_match),))
-    before_dflash = [pld] if min_match.strip().lstrip("0") == "1" else [pld, ArmSpec("pld")]
+    short = ArmSpec("pld", None, (("min_ngram", "1"),))
+    before_dflash = [pld] if min_match.strip().lstrip("0") == "1" else [pld, short]
     rest = tuple(options.items())
     if arm.path is None:
         shipped = default_checkpoint(info)
