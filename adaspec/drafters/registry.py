@@ -112,11 +112,10 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
             f"{arm} is invalid: PLD already comes first; accepted: auto[:DIR] (DFlash) or "
             "auto:SPEC with SPEC another drafter, e.g. auto:draft-model:NAME"
         )
-    if inner_name == "dflash":
-        return [*before_dflash, ArmSpec("dflash", inner_path or None if sep else None, rest)]
-    if inner_name in names():
-        return [pld, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
-    return [*before_dflash, ArmSpec("dflash", arm.path, rest)]
+    if inner_name not in names():  # auto:DIR
+        return [*before_dflash, ArmSpec("dflash", arm.path, rest)]
+    lookups = before_dflash if inner_name == "dflash" else [pld]
+    return [*lookups, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
 
 
 def arms(spec: str, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
