@@ -82,8 +82,10 @@ class Settings(BaseSettings):
     # half the time is judged on ~20 steps, not on its last two or three
     gate_commit_ema_weight: float = Field(0.1, gt=0, le=1)
     gate_min_t_ar_ms: float = Field(0.5, gt=0, le=10000)
-    # re-measure the plain-step time when the context grew by this fraction
+    # re-measure the plain-step time when the context grew by this fraction and by at least
+    # this many tokens (a plain step's cost barely moves below a few thousand tokens)
     gate_t_ar_refresh: float = Field(1.0, gt=0, le=100)
+    gate_t_ar_refresh_min: int = Field(512, ge=0, le=1 << 24)
     # After a floor: plain steps before probing again, growth per losing probe, its cap, and
     # how many speculative steps a probe must survive to win.
     probe_backoff: int = Field(8, ge=1, le=1 << 20)

@@ -201,11 +201,20 @@ def test_a_winning_probe_resets_the_backoff():
 
 
 def test_t_ar_is_remeasured_as_the_context_grows():
-    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=0.25))
+    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=0.25, t_ar_refresh_min=16))
     trace = drive(pol, 400, lambda ctx: spec(ctx, 4, T_AR * 1.5))
     # each (re)measurement is a burst of 4 plain steps; 100 -> 500 tokens: re-measured
     assert trace.startswith("AAAAS") and trace.count("AAAA") >= 2
     assert pol.floor.floors == 0
+
+
+@pytest.mark.parametrize("at_least, bursts", [(0, 3), (150, 2), (512, 1)])
+def test_t_ar_waits_for_the_context_to_grow_by_both_the_fraction_and_the_tokens(at_least, bursts):
+    """From 100 tokens, doubling: re-measured at ~200 and ~400 with no minimum; a minimum of
+    150 tokens moves the first to ~250, whose double is past the end; 512: measured once."""
+    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=1.0, t_ar_refresh_min=at_least))
+    trace = drive(pol, 350, lambda ctx: spec(ctx, 4, T_AR * 1.5))
+    assert trace.count("AAAA") == bursts and trace.startswith("AAAAS")
 
 
 @pytest.mark.parametrize(

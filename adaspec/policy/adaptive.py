@@ -21,6 +21,7 @@ class PolicyConfig:
     commit: gates.CommitConfig | None = field(default_factory=gates.CommitConfig)
     probe: gates.ProbeConfig = field(default_factory=gates.ProbeConfig)
     t_ar_refresh: float = 1.0
+    t_ar_refresh_min: int = 512  # ... and by at least this many tokens
     # None: no length cap from the policy (the drafter proposes what it likes)
     length: draft_length.LengthConfig | None = field(default_factory=draft_length.LengthConfig)
     lift: bool = True  # a strong candidate may end a floor early
@@ -51,6 +52,7 @@ class PolicyConfig:
             commit if s.gate in ("both", "commit") else None,
             probe,
             s.gate_t_ar_refresh,
+            s.gate_t_ar_refresh_min,
             length,
             s.probe_lift,
             tree=tree_size.TreeSizeConfig(s.tree_cap, auto=s.tree_nodes == "auto"),
@@ -83,8 +85,12 @@ class ArClock:
         self.recent = (*self.recent[-2:], step.total_s)
         self.t_ar, self.context = statistics.median(self.recent), step.context
 
-    def stale(self, context: int, refresh: float) -> bool:
-        return math.isnan(self.t_ar) or context > self.context * (1 + refresh) + 16
+    def stale(self, context: int, refresh: float, at_least: int) -> bool:
+        """No t_ar yet, or the context grew by more than `refresh` of the one t_ar was measured
+        at and by more than `at_least` tokens."""
+        if math.isnan(self.t_ar):
+            return True
+        return context > max(self.context * (1 + refresh), self.context + at_least)
 
 
 class GatedPolicy:
@@ -137,7 +143,10 @@ class GatedPolicy:
 
     def _measuring(self) -> bool:
         """The next step must be plain, to (re)measure t_ar at this context."""
-        return self.cfg.commit is not None and self.clock.stale(self.context, self.cfg.t_ar_refresh)
+        cfg = self.cfg
+        return cfg.commit is not None and self.clock.stale(
+            self.context, cfg.t_ar_refresh, cfg.t_ar_refresh_min
+        )
 
     def plan(self) -> Plan:
         n = len(self.names)
