@@ -295,7 +295,7 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[1].min_ngram == 1
     got = [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)]
     assert got == [PromptLookup, PromptLookup, DFlashDrafter]
-    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=1,block=3", info, s)
+    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
     assert pld.min_ngram == 1 and dfl.block == 3
     (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
     assert isinstance(only, PromptLookup) and only.min_ngram == 1
@@ -340,6 +340,8 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
         ("draft-model:m,q=maybe", "draft-model argument q='maybe' is not a bool"),
         ("pld:,x", "pld argument 'x' is invalid; accepted: KEY=VALUE"),
         ("auto:pld", "PLD already comes first"),
+        ("auto:dflash,min_match=x", "min_match='x' is invalid; accepted: an integer 1..64"),
+        ("auto:draft-model:m,min_match=0", "min_match='0' is invalid; accepted: an integer 1..64"),
         ("", "drafter spec '' is empty"),
     ],
 )

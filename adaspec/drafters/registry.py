@@ -96,10 +96,10 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
     from .dflash import default_checkpoint, in_auto
 
     options = dict(arm.options)
-    min_match = options.pop("min_match", str(settings.auto_pld_min_match))
-    pld = ArmSpec("pld", None, (("min_ngram", min_match),))
+    min_match = _min_match(arm, options.pop("min_match", str(settings.auto_pld_min_match)))
+    pld = ArmSpec("pld", None, (("min_ngram", str(min_match)),))
     short = ArmSpec("pld", None, (("min_ngram", "1"),))
-    before_dflash = [pld] if min_match.strip().lstrip("0") == "1" else [pld, short]
+    before_dflash = [pld] if min_match == 1 else [pld, short]
     rest = tuple(options.items())
     if arm.path is None:
         shipped = default_checkpoint(info)
@@ -116,6 +116,17 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
         return [*before_dflash, ArmSpec("dflash", arm.path, rest)]
     lookups = before_dflash if inner_name == "dflash" else [pld]
     return [*lookups, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
+
+
+def _min_match(arm: ArmSpec, value: str) -> int:
+    """auto's min_match option as a number of tokens, refused naming the value."""
+    try:
+        n = int(value.strip())
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise DrafterError(f"{arm}: min_match={value!r} is invalid; accepted: an integer 1..64")
+    return n
 
 
 def arms(spec: str, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
