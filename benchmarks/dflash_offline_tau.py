@@ -5,7 +5,10 @@ greedy answers: each prompt and the target's 128-token greedy answer become one 
 metrics would read on these prompts, so it tells a gap between held-out and live tau that comes
 from the prompts from one that comes from decoding. Untimed.
 
-    python benchmarks/dflash_offline_tau.py [--drafter DIR] [--max-tokens 128] [--json OUT]
+    python benchmarks/dflash_offline_tau.py [--drafter DIR] [--suite FILE] [--max-tokens 128]
+        [--json OUT]
+
+--suite: any JSONL of prompts in the dev suite's format (id, category, messages).
 """
 
 import argparse
@@ -34,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--drafter", default=str(SHIPPED / "smollm2-135m-dflash"))
+    ap.add_argument("--suite", default=str(SUITE))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -41,7 +45,7 @@ def main() -> None:
 
     model, tok = load(args.model)
     drafter = load_model(args.drafter, target_info(model, tok))
-    prompts = load_suite(SUITE)
+    prompts = load_suite(args.suite)
     seqs = []
     for i, p in enumerate(prompts):
         ids = prompt_ids(tok, p.messages)

@@ -32,7 +32,7 @@ def test_ci_runs_the_readme_test_command():
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CARD = ROOT / "adaspec/drafters/checkpoints/smollm2-135m-dflash/README.md"
 RESULTS = ROOT / "docs" / "results"
-RESULT_NAME = re.compile(r"results/([A-Za-z0-9_.-]+\.(?:json|png))")
+RESULT_NAME = re.compile(r"results/([A-Za-z0-9_.-]+\.(?:jsonl|json|png))")
 # words that tell how the project got here; that belongs in CHANGELOG.md
 HISTORY = re.compile(
     r"\bsessions?\b|\bthe issue\b|\bissue \d|\bprevious\b|\bused to\b|\bno longer\b"
