@@ -17,6 +17,7 @@ from adaspec.train.corpus import (
     OPEN_NEWS_TASKS,
     OPEN_NUMBER_TASKS,
     SOURCES,
+    TOPIC_TASKS,
     PromptRecord,
     _draws,
     build_prompts,
@@ -24,6 +25,7 @@ from adaspec.train.corpus import (
     function_tasks,
     news_names,
     news_sentences,
+    news_topics,
     number_pairs,
 )
 from adaspec.train.objective import TrainingError
@@ -89,7 +91,7 @@ def test_answer_order_keeps_its_prefix_when_one_source_grows(sources, grown):
     assert all([p.source for p in r] == list(SOURCES) for r in rounds)
 
 
-@pytest.mark.parametrize("field", ["n_open", "n_brief"])
+@pytest.mark.parametrize("field", ["n_open", "n_brief", "n_topic"])
 def test_a_negative_count_is_refused_naming_it(field):
     with pytest.raises(TrainingError, match=f"{field}=-1"):
         Recipe(corpus=str(Path(".")), **{field: -1})
@@ -114,6 +116,22 @@ def test_brief_requests_carry_a_name_a_task_or_two_numbers_and_nothing_to_copy(s
     for p in prompts:
         text = p.messages[0]["content"]
         assert len(text) < 200 and not any(s in text for s in news_sentences(corpus / "news.txt"))
+
+
+def test_topic_requests_wrap_a_repeated_lowercase_phrase_of_the_news(sentences):
+    corpus = sentences
+    topics = news_topics(corpus / "news.txt")
+    text = (corpus / "news.txt").read_text()
+    # noun phrases of the articles; never a function, time or number word, never a name
+    assert "river city" in topics and "water levels" in topics
+    assert all(t.islower() and len(t.split()) == 2 and text.count(t) >= 2 for t in topics)
+    assert not any(w in ("that", "more", "said") for t in topics for w in t.split())
+    assert news_topics(corpus / "news.txt", min_count=7) == []  # each occurs 6 times
+    prompts = build_prompts(corpus, n_news=0, n_code=0, n_topic=40, seed=0)
+    assert 0 < len(prompts) <= 40 and {p.source for p in prompts} == {"topic"}
+    made = [p.messages[0]["content"] for p in prompts]
+    assert len(set(made)) == len(made)
+    assert all(any(t.format(text=s) in made for s in topics) for t in TOPIC_TASKS)
 
 
 def test_adding_brief_requests_keeps_every_other_prompt(corpus):

@@ -84,11 +84,14 @@ still verifies every token, so the output is unchanged. `dflash:DIR,head=0` uses
 
 
 def prompt_counts(r: dict) -> str:
-    """The prompts a recipe built, by source (brief requests only when there are some)."""
+    """The prompts a recipe built, by source (brief and topic requests only when there are
+    some)."""
     parts = [f"{r['n_news']} news prompts", f"{r['n_code']} code prompts"]
     parts.append(f"{r.get('n_open', 0)} short open requests")
     if r.get("n_brief"):
         parts.append(f"{r['n_brief']} brief requests")
+    if r.get("n_topic"):
+        parts.append(f"{r['n_topic']} topic requests")
     return ", ".join(parts)
 
 

@@ -64,8 +64,20 @@ BRIEF_NUMBER_TASKS = (
     "Write a word problem that uses the numbers {text}, then solve it. Explain step by step.",
 )
 
+# requests about a topic of the news (two lowercase words that occur together at least twice,
+# "interest rates"), worded in more ways than the brief requests: a drafter generalises little
+# beyond the kinds of request it was trained on (docs/training.md)
+TOPIC_TASKS = (
+    "Write a short story about {text}.",
+    "Explain {text} to a beginner.",
+    "Describe {text} in simple words.",
+    "Write a short poem about {text}.",
+    "What should a student know about {text}? Answer in a few paragraphs.",
+    "Give three facts about {text}, each with a short explanation.",
+)
+
 # the prompt sources, in the order build_prompts emits them and answers take turns
-SOURCES = ("news", "code", "open", "brief")
+SOURCES = ("news", "code", "open", "brief", "topic")
 
 
 @dataclass(frozen=True)
@@ -185,6 +197,44 @@ def news_names(path: Path) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+# words a topic never contains: function words, time and number words, reporting verbs
+_NOT_TOPIC = frozenset(
+    "that this with from have been were will would could should their there they them what "
+    "when where which while about after before other into over than then these those also just "
+    "only some such very more most much many said says told being because against between "
+    "during under until among within without across around since your year years week weeks "
+    "month months night nights time times days today yesterday tomorrow morning afternoon "
+    "evening first second third last next three four five seven eight nine hundred thousand "
+    "million billion still even though take took make made give gave come came going like well "
+    "good back down past minutes hours early late least same another every each whole".split()
+)
+
+
+def _topic_word(w: str) -> bool:
+    return (
+        w.isalpha()
+        and w.islower()
+        and len(w) >= 4
+        and w not in _NOT_TOPIC
+        and not w.endswith(("ly", "ed", "ing"))
+    )
+
+
+def news_topics(path: Path, min_count: int = 2) -> list[str]:
+    """Distinct pairs of adjacent lowercase words of the news (neither a function, time or
+    number word, an adverb or a participle) inside one clause, occurring at least min_count
+    times: noun phrases such as "interest rates", most frequent first."""
+    counts: dict[str, int] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        for clause in re.split(r"[.!?;:,\"()]", line):
+            words = clause.split()
+            for a, b in zip(words, words[1:]):
+                if _topic_word(a) and _topic_word(b):
+                    counts[f"{a} {b}"] = counts.get(f"{a} {b}", 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: first seen first on ties
+    return [t for t, n in ranked if n >= min_count]
+
+
 def number_pairs(path: Path) -> list[str]:
     """Distinct "A and B": the first two distinct numbers of each news sentence that has two."""
     pairs = []
@@ -260,10 +310,11 @@ def build_prompts(
     max_chars: int = 1500,
     n_open: int = 0,
     n_brief: int = 0,
+    n_topic: int = 0,
 ) -> list[PromptRecord]:
-    """Up to n_news + n_code + n_open + n_brief prompts: n draws per source, seed texts drawn
-    without replacement while they last, then reused with a task they have not had; a draw
-    that would repeat a prompt is dropped (its id stays unused), so every prompt is distinct
+    """Up to n_news + n_code + n_open + n_brief + n_topic prompts: n draws per source, seed
+    texts drawn without replacement while they last, then reused with a task they have not had;
+    a draw that would repeat a prompt is dropped (its id stays unused), so every prompt is distinct
     and a source whose (seed, task) pairs run out yields fewer. The held-out split is decided
     by a hash of the seed text."""
     news_file, code_file = corpus / "news.txt", corpus / "code_modules.txt"
@@ -278,6 +329,7 @@ def build_prompts(
         ("code", n_code, lambda: [(t, CODE_TASKS) for t in code_chunks(code_file, max_chars)]),
         ("open", n_open, lambda: _open_items(corpus)),
         ("brief", n_brief, lambda: _brief_items(corpus)),
+        ("topic", n_topic, lambda: [(t, TOPIC_TASKS) for t in news_topics(news_file)]),
     )
     records = []
     for source, n, items in sources:

@@ -46,6 +46,7 @@ def _build(recipe: Recipe) -> list[PromptRecord]:
         n_code=recipe.n_code,
         n_open=recipe.n_open,
         n_brief=recipe.n_brief,
+        n_topic=recipe.n_topic,
         seed=recipe.hyper.seed,
         heldout=recipe.heldout,
     )
@@ -85,8 +86,8 @@ def fingerprint(info: TargetInfo, tokenizer: Any) -> dict:
 
 
 def respond_order(prompts: Sequence[PromptRecord]) -> list[PromptRecord]:
-    """The order prompts are answered in: news, code, open and brief taking turns, each in its
-    own order (so a prefix stays a prefix when one source's count grows)."""
+    """The order prompts are answered in: news, code, open, brief and topic taking turns, each
+    in its own order (so a prefix stays a prefix when one source's count grows)."""
     groups = [[p for p in prompts if p.source == s] for s in SOURCES]
     out = []
     for i in range(max(map(len, groups))):

@@ -81,11 +81,14 @@ class Recipe:
     # brief requests with no text to copy (story or explanation of a name from the news, a
     # function a stdlib docstring describes, a word problem with two numbers of a news sentence)
     n_brief: int = 0
+    # requests about a topic of the news (a noun phrase such as "interest rates"), in six
+    # wordings: story, explanation, description, poem, what to know, three facts
+    n_topic: int = 0
     heldout: float = 0.05
     max_prompt: int = 512
     max_new: int = 256
-    # how many prompts the target answers (news, code, open and brief taking turns); the others
-    # train as prompt text alone. None: all of them
+    # how many prompts the target answers (news, code, open, brief and topic taking turns);
+    # the others train as prompt text alone. None: all of them
     respond: int | None = None
     # the response store (token ids, kept in the repo); None: OUT/work/responses
     data: str | None = None
@@ -112,12 +115,12 @@ class Recipe:
         for k in ("gen_batch", "respond", "head"):
             if (getattr(self, k) or 0) < 0:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 0")
-        counts = (self.n_news, self.n_code, self.n_open, self.n_brief)
+        counts = (self.n_news, self.n_code, self.n_open, self.n_brief, self.n_topic)
         if min(counts) < 0 or sum(counts) < 2:
             raise TrainingError(
                 f"n_news={self.n_news}, n_code={self.n_code}, n_open={self.n_open}, "
-                f"n_brief={self.n_brief} are invalid; accepted: >= 0 each, at least 2 prompts "
-                "in all"
+                f"n_brief={self.n_brief}, n_topic={self.n_topic} are invalid; accepted: >= 0 "
+                "each, at least 2 prompts in all"
             )
         if self.block < 2:
             raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
