@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from dflash_tau import SUITE, greedy_ar
 
 import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec.bench.suite import load_suite
@@ -30,8 +31,6 @@ from adaspec.train.data import TrainSeq, extract_features
 from adaspec.train.recipe import Hyper
 from adaspec.train.trainer import Trainer
 
-SUITE = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -41,25 +40,23 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    import mlx_lm  # after adaspec: the fast BLAS is loaded before mlx
-
     model, tok = load(args.model)
     drafter = load_model(args.drafter, target_info(model, tok))
     prompts = load_suite(args.suite)
     seqs = []
     for i, p in enumerate(prompts):
         ids = prompt_ids(tok, p.messages)
-        answer = [
-            r.token for r in mlx_lm.stream_generate(model, tok, ids, max_tokens=args.max_tokens)
-        ]
+        answer = greedy_ar(model, tok, ids, args.max_tokens)
         seqs.append(TrainSeq(f"dev{i}", True, np.array(ids + answer, np.int32), len(ids)))
     hyper = Hyper(eval_stride=1)
     rows = []
     with tempfile.TemporaryDirectory() as work:
         feats = Path(work) / "features"
         extract_features(model, seqs, drafter.cfg.target_layer_ids, feats, hyper.label_k)
+        trainer = Trainer(drafter, model, seqs[:1], seqs, feats, Path(work) / "state", hyper)
         for p, s in zip(prompts, seqs):
-            ev = Trainer(drafter, model, [s], [s], feats, Path(work) / "state", hyper).evaluate()
+            trainer.heldout = [s]  # one prompt's answer at a time
+            ev = trainer.evaluate()
             rows.append(
                 dict(
                     id=p.id,
