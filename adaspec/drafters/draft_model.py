@@ -1,13 +1,15 @@
 """Draft-model drafter: a small LM sharing the target's tokenizer drafts token by token from its
 own KV cache, which is trimmed back to the committed prefix before each draft.
 
-Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0][,head=N]`` -- an mlx-lm folder, a
-.gguf file or a catalogue name (loaded once per process and shared); min_p1 stops a draft at the
-first token whose draft probability is below F; q=0 withholds the draft probabilities, so sampled
-drafts are verified by sample-and-match instead of rejection sampling (for comparisons); head=N
-computes the draft model's output projection for N token ids only (the lowest ids, which a
-byte-level BPE gives its most frequent merges, and the end-of-sequence ids): a cheaper draft that
-can propose no other token. "Same vocabulary" is defined in docs/drafters.md.
+Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0][,head=N][,weights=bf16]`` -- an
+mlx-lm folder, a .gguf file or a catalogue name (loaded once per process and shared); min_p1
+stops a draft at the first token whose draft probability is below F; q=0 withholds the draft
+probabilities, so sampled drafts are verified by sample-and-match instead of rejection sampling
+(for comparisons); head=N computes the draft model's output projection for N token ids only (the
+lowest ids, which a byte-level BPE gives its most frequent merges, and the end-of-sequence ids):
+a cheaper draft that can propose no other token; weights=bf16 drafts from bf16 copies of the
+model's weight matrices (adaspec/kernels/shadow.py): fewer bytes to read per draft token, for a
+little acceptance. "Same vocabulary" is defined in docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
+from ..kernels.shadow import WEIGHTS, Shadows, shadow_model
 from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head, inner_model
@@ -90,6 +93,7 @@ class DraftLM:
         prefill_step: int = 2048,
         send_q: bool = True,
         head: int = 0,
+        shadows: Shadows | None = None,
     ):
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
@@ -101,6 +105,7 @@ class DraftLM:
             raise DrafterError(f"draft-model min_p1={min_p1} is invalid; accepted: 0 <= F < 1")
         self.model, self.min_p1, self.prefill_step = model, min_p1, prefill_step
         self.send_q = send_q
+        self.shadows = shadows  # bf16 copies of the model's weights, alive while this drafts
         self.vocab_size = target.vocab_size  # q rows have the target's width
         self.n_ids = min(info.vocab_size, target.vocab_size)
         self._head = self._restricted_head(head, target, info.vocab_size) if head else None
@@ -314,13 +319,32 @@ def load_shared(path_or_name: str, settings: Settings) -> tuple[Any, Any]:
     return load(path_or_name, settings=settings)
 
 
+@functools.lru_cache(maxsize=2)
+def load_shadowed(path_or_name: str, settings: Settings) -> tuple[Any, Any, Shadows]:
+    """A draft model of its own whose weight matrices have bf16 shadows, loaded once per
+    process (never load_shared's: mlx-lm's peer in the bench drafts with that one)."""
+    from ..targets.loader import load
+
+    log.info("loading draft model %s with bf16 weights", path_or_name)
+    model, tokenizer = load(path_or_name, settings=settings)
+    return model, tokenizer, shadow_model(model)
+
+
 def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
     if not args.path:
         raise DrafterError(
             "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
-    model, tokenizer = load_shared(args.path, settings)
+    weights = args.get("weights", "fp32")
+    if weights not in WEIGHTS:
+        raise DrafterError(
+            f"draft-model weights={weights!r} is invalid; accepted: {', '.join(WEIGHTS)}"
+        )
+    if weights == "bf16":
+        model, tokenizer, shadows = load_shadowed(args.path, settings)
+    else:
+        (model, tokenizer), shadows = load_shared(args.path, settings), None
     return DraftLM(
         model,
         tokenizer,
@@ -329,7 +353,8 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
         prefill_step=settings.prefill_step,
         send_q=args.get("q", True),
         head=args.get("head", 0),
+        shadows=shadows,
     )
 
 
-ENTRY = Entry(factory, {"min_p1": float, "q": bool, "head": int}, path="model")
+ENTRY = Entry(factory, {"min_p1": float, "q": bool, "head": int, "weights": str}, path="model")

@@ -80,7 +80,38 @@ static inline float hsum8(__m256 v) { /* lanes i + i+4, then i + i+2, then i + i
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum8(v)
 #define VKEEP(v) __asm__("" : "+x"(v)) /* v lives in a register here */
+#define BT float
+#define LINE 16
+#define VLOADB VLOAD
+#define VLOADBN VLOADN
 #define FN(name) name##_avx2
+#include "small_m.h"
+
+/* bf16 -> fp32 is a 16-bit shift: the tail (n < 8) goes through a zero-filled copy */
+static inline __m256 load8h(const unsigned short *p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline __m256 load8hn(const unsigned short *p, int n) {
+  unsigned short t[8] = {0};
+  for (int i = 0; i < n; i++) t[i] = p[i];
+  return load8h(t);
+}
+#define W 8
+#define MR 4
+#define NR 3
+#define VEC __m256
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VLOADN(p, n) load8n(p, n)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum8(v)
+#define VKEEP(v) __asm__("" : "+x"(v))
+#define BT unsigned short
+#define LINE 32
+#define VLOADB(p) load8h(p)
+#define VLOADBN(p, n) load8hn(p, n)
+#define FN(name) name##_avx2_bf16
 #include "small_m.h"
 
 /* ---- 16 lanes: AVX-512 F, tiles of 4 x 4 (21 of the 32 registers) --------------------- */
@@ -109,7 +140,37 @@ static inline float hsum16(__m512 v) { /* lanes i + i+8, then as hsum8 */
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum16(v)
 #define VKEEP(v) __asm__("" : "+v"(v))
+#define BT float
+#define LINE 16
+#define VLOADB VLOAD
+#define VLOADBN VLOADN
 #define FN(name) name##_avx512
+#include "small_m.h"
+
+static inline __m512 load16h(const unsigned short *p) {
+  __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline __m512 load16hn(const unsigned short *p, int n) {
+  unsigned short t[16] = {0};
+  for (int i = 0; i < n; i++) t[i] = p[i];
+  return load16h(t);
+}
+#define W 16
+#define MR 4
+#define NR 4
+#define VEC __m512
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VHSUM(v) hsum16(v)
+#define VKEEP(v) __asm__("" : "+v"(v))
+#define BT unsigned short
+#define LINE 32
+#define VLOADB(p) load16h(p)
+#define VLOADBN(p, n) load16hn(p, n)
+#define FN(name) name##_avx512_bf16
 #include "small_m.h"
 #endif
 
@@ -149,8 +210,11 @@ static void rows_nn(int M, int N, int K, float al, const float *A, int lda, cons
 
 typedef void (*part_fn)(int, int, int, float, const float *, int, const float *, int, float,
                         float *, int);
+typedef void (*part16_fn)(int, int, int, float, const float *, int, const unsigned short *, int,
+                          float, float *, int);
 enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 static part_fn kernel_part = part_avx2;
+static part16_fn kernel_part16 = part_avx2_bf16;
 static int isa = ISA_AVX2;
 
 /* the kernel for an instruction set: 0 = the best this CPU has, 1 = AVX2, 2 = AVX-512, -1 =
@@ -167,6 +231,7 @@ int adaspec_kernel_isa(int want) {
   if (want != ISA_AVX2 && !(want == ISA_AVX512 && has512)) return -1;
 #ifdef HAVE_AVX512
   kernel_part = want == ISA_AVX512 ? part_avx512 : part_avx2;
+  kernel_part16 = want == ISA_AVX512 ? part_avx512_bf16 : part_avx2_bf16;
 #endif
   isa = want;
   return isa;
@@ -191,7 +256,21 @@ static void kernel_part(int M, int N, int K, float al, const float *A, int lda, 
     for (int n = 0; n < N; n++)
       put(C + (long)m * ldc + n, dot_tail(A + (long)m * lda, B + (long)n * ldb, 0, K), al, be);
 }
+static void kernel_part16(int M, int N, int K, float al, const float *A, int lda,
+                          const unsigned short *B, int ldb, float be, float *C, int ldc) {
+  (void)M, (void)N, (void)K, (void)al, (void)A, (void)lda, (void)B, (void)ldb, (void)be;
+  (void)C, (void)ldc; /* never called: without the kernels no shadow is registered */
+}
 #endif
+
+/* one thread's share of a GEMM whose B is fp32 (Bh 0) or has a bf16 shadow Bh */
+static void part_any(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                     const unsigned short *Bh, int ldb, float be, float *C, int ldc) {
+  if (Bh)
+    kernel_part16(M, N, K, al, A, lda, Bh, ldb, be, C, ldc);
+  else
+    kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+}
 
 /* ---- two threads: the caller takes the first half of N, one worker the second --------- */
 
@@ -199,6 +278,7 @@ typedef struct {
   int M, N, K, lda, ldb, ldc;
   float al, be;
   const float *A, *B;
+  const unsigned short *Bh;
   float *C;
 } job_t;
 
@@ -247,8 +327,8 @@ static void *worker(void *unused) {
     unsigned expect = s - 1;
     if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
     int h = split(job.N);
-    kernel_part(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
-                job.ldb, job.be, job.C + h, job.ldc);
+    part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
+             job.Bh ? job.Bh + (long)h * job.ldb : 0, job.ldb, job.be, job.C + h, job.ldc);
     atomic_store_explicit(&finished, s, memory_order_release);
   }
   return 0;
@@ -262,11 +342,11 @@ static void after_fork_in_child(void) {
 }
 
 static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
-                   int ldb, float be, float *C, int ldc) {
+                   const unsigned short *Bh, int ldb, float be, float *C, int ldc) {
   /* little work (attention's scores at a short context), or another thread is already
    * using the worker: stay on this thread */
   if ((long)N * K < SPLIT_MIN || N < 12 || atomic_exchange(&busy, 1)) {
-    kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+    part_any(M, N, K, al, A, lda, B, Bh, ldb, be, C, ldc);
     return;
   }
   if (!worker_started) {
@@ -275,23 +355,24 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
     start_seen = atomic_load(&posted);
     if (pthread_create(&t, 0, worker, 0) != 0) {
       atomic_store(&busy, 0);
-      kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+      part_any(M, N, K, al, A, lda, B, Bh, ldb, be, C, ldc);
       return;
     }
     pthread_detach(t);
     worker_started = 1;
   }
-  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, C};
+  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, Bh, C};
   pthread_mutex_lock(&mu);
   unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
   pthread_cond_signal(&wake);
   pthread_mutex_unlock(&mu);
   int h = split(N);
-  kernel_part(M, h, K, al, A, lda, B, ldb, be, C, ldc);
+  part_any(M, h, K, al, A, lda, B, Bh, ldb, be, C, ldc);
   unsigned expect = s - 1;
   if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
     /* the worker has not started on it: do the second half here rather than wait for it */
-    kernel_part(M, N - h, K, al, A, lda, B + (long)h * ldb, ldb, be, C + h, ldc);
+    part_any(M, N - h, K, al, A, lda, B + (long)h * ldb, Bh ? Bh + (long)h * ldb : 0, ldb, be,
+             C + h, ldc);
   } else {
     for (long spins = 0; atomic_load_explicit(&finished, memory_order_acquire) != s; spins++) {
       relax();
@@ -300,6 +381,93 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
   }
   atomic_store(&busy, 0);
 }
+
+/* ---- bf16 shadows ----------------------------------------------------------------------
+ * A shadow is a bf16 copy of an fp32 weight matrix (a drafter's, never the target's) that the
+ * kernel reads in its place: half the bytes to stream for a result within bf16's rounding of
+ * the fp32 one. It is found by the address, shape and stride of B in cblas_sgemm; a GEMM on any
+ * other B (a view into the matrix, another shape) reads the fp32 data. The caller keeps both
+ * arrays alive while the shadow is registered. Writers (add, remove) take a lock; readers
+ * (every routed GEMM) find an entry by its address, published last. */
+
+#define SHADOW_SLOTS 4096 /* a power of two: ~7 weight matrices per layer of a draft model */
+typedef struct {
+  const float *_Atomic w; /* 0: never used; GONE: removed */
+  const unsigned short *h;
+  int n, k, ld;
+} shadow_t;
+static shadow_t shadows[SHADOW_SLOTS];
+static atomic_int n_shadows;
+static atomic_ulong shadow_calls;
+static pthread_mutex_t shadow_mu = PTHREAD_MUTEX_INITIALIZER;
+#define GONE ((const float *)1)
+
+static inline unsigned shadow_slot(const float *w) {
+  return (unsigned)((((unsigned long)w >> 6) * 2654435761ul) & (SHADOW_SLOTS - 1));
+}
+
+static const unsigned short *shadow_find(const float *b, int n, int k, int ld) {
+  if (!atomic_load_explicit(&n_shadows, memory_order_acquire)) return 0;
+  for (unsigned i = shadow_slot(b), probe = 0; probe < SHADOW_SLOTS; probe++) {
+    const shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
+    const float *w = atomic_load_explicit(&s->w, memory_order_acquire);
+    if (!w) return 0;
+    if (w == b) return s->n == n && s->k == k && s->ld == ld ? s->h : 0;
+  }
+  return 0;
+}
+
+/* register h (n rows of k bf16 values, ld apart) as the shadow of w: 1 done, 0 the table is
+ * full, -1 w already has one, -2 without the kernels (nothing would read it) */
+int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned short *h) {
+  if (!HAVE_KERNEL) return -2;
+  pthread_mutex_lock(&shadow_mu);
+  int rc = 0;
+  shadow_t *free_slot = 0;
+  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
+    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
+    const float *at = atomic_load(&s->w);
+    if (at == w) {
+      rc = -1;
+      break;
+    }
+    if (at == GONE && !free_slot) free_slot = s;
+    if (!at) {
+      if (!free_slot) free_slot = s;
+      break;
+    }
+  }
+  if (rc == 0 && free_slot && atomic_load(&n_shadows) < SHADOW_SLOTS / 2) {
+    free_slot->h = h, free_slot->n = n, free_slot->k = k, free_slot->ld = ld;
+    atomic_store_explicit(&free_slot->w, w, memory_order_release);
+    atomic_fetch_add(&n_shadows, 1);
+    rc = 1;
+  }
+  pthread_mutex_unlock(&shadow_mu);
+  return rc;
+}
+
+/* unregister w's shadow: 1 done, 0 it had none */
+int adaspec_shadow_remove(const float *w) {
+  pthread_mutex_lock(&shadow_mu);
+  int rc = 0;
+  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
+    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
+    const float *at = atomic_load(&s->w);
+    if (!at) break;
+    if (at == w) {
+      atomic_store_explicit(&s->w, GONE, memory_order_release);
+      atomic_fetch_sub(&n_shadows, 1);
+      rc = 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&shadow_mu);
+  return rc;
+}
+
+/* routed GEMMs that read a shadow so far */
+unsigned long adaspec_shadow_calls(void) { return atomic_load(&shadow_calls); }
 
 /* ---- the entry points ------------------------------------------------------------------ */
 
@@ -331,9 +499,16 @@ static inline unsigned long now_ns(void) { /* ~20 ns through the vDSO, per GEMM 
 void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const float *A,
                            int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   if (trans_b)
-    kernel(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel(M, N, K, alpha, A, lda, B, 0, ldb, beta, C, ldc);
   else
     rows_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* the bf16 kernel alone, for tests: C = alpha * A Bh^T + beta * C */
+void adaspec_small_m_sgemm_bf16(int M, int N, int K, float alpha, const float *A, int lda,
+                                const unsigned short *Bh, int ldb, float beta, float *C,
+                                int ldc) {
+  kernel(M, N, K, alpha, A, lda, 0, Bh, ldb, beta, C, ldc);
 }
 
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
@@ -341,7 +516,9 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
   unsigned long t = now_ns();
   int to = 0;
   if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS) {
-    kernel(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const unsigned short *h = shadow_find(b, n, k, ldb);
+    kernel(m, n, k, alpha, a, lda, b, h, ldb, beta, c, ldc);
+    if (h) atomic_fetch_add(&shadow_calls, 1);
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
     rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

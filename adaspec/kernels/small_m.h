@@ -1,5 +1,7 @@
 /* The small-M GEMM kernel, C = alpha A B^T + beta C, written once over vectors of W floats
- * and included by blas_route.c once per instruction set (the V* macros and FN name it).
+ * and included by blas_route.c once per instruction set and type of B (the V* macros, BT and
+ * FN name them): B is fp32, or a bf16 shadow of an fp32 weight matrix (VLOADB widens it to
+ * fp32 in registers; A, the sums and C stay fp32). LINE is B's elements per cache line.
  *
  * Every C[m][n] is one function of A[m][:], B[n][:] and K alone: lane l of a W-wide
  * accumulator adds A[m][k] B[n][k] for k = l (mod W) in increasing k, by fused multiply-adds
@@ -28,34 +30,34 @@
  * 45 ms streaming; M = 8 57 vs 65 ms, M = 32 2.4 vs 3.1 ms per layer in cache with VKEEP). */
 
 typedef struct {
-  const float *at; /* 0: nothing to prefetch */
-  int rows, len;   /* rows of B (ldb apart), floats per row from `at` */
+  const BT *at;  /* 0: nothing to prefetch */
+  int rows, len; /* rows of B (ldb apart), elements per row from `at` */
   int first, count; /* this tile's share: `count` lines from line `first` of those rows */
 } FN(ahead_t);
 
 /* rows [0, mr) of A against rows [0, nr) of B */
 static inline __attribute__((always_inline)) void FN(tile)(int mr, int nr, int K,
                                                            const float *A, long lda,
-                                                           const float *B, long ldb, float al,
+                                                           const BT *B, long ldb, float al,
                                                            float be, float *C, long ldc,
                                                            FN(ahead_t) pf, int keep) {
   VEC acc[MR][NR];
   for (int i = 0; i < mr; i++)
     for (int j = 0; j < nr; j++) acc[i][j] = VZERO();
   /* lines of the next tile to ask for per W floats, walked row by row without a division */
-  int lpr = (pf.len + 15) / 16, left = pf.at ? pf.count : 0;
+  int lpr = (pf.len + LINE - 1) / LINE, left = pf.at ? pf.count : 0;
   int steps = (K + W - 1) / W, per = (left + steps - 1) / (steps ? steps : 1);
-  const float *row = pf.at ? pf.at + (long)(pf.first / lpr) * ldb : 0;
-  int col = pf.at ? (pf.first % lpr) * 16 : 0;
+  const BT *row = pf.at ? pf.at + (long)(pf.first / lpr) * ldb : 0;
+  int col = pf.at ? (pf.first % lpr) * LINE : 0;
   int k = 0;
   for (; k + W <= K; k += W) {
     for (int l = 0; l < per && left > 0; l++, left--) {
       __builtin_prefetch(row + col, 0, 2); /* into L2: see above */
-      if ((col += 16) >= pf.len) col = 0, row += ldb;
+      if ((col += LINE) >= pf.len) col = 0, row += ldb;
     }
     VEC b[NR];
     for (int j = 0; j < nr; j++) {
-      b[j] = VLOAD(B + j * ldb + k);
+      b[j] = VLOADB(B + j * ldb + k);
       if (keep && mr > 1) VKEEP(b[j]);
     }
     for (int i = 0; i < mr; i++) {
@@ -66,7 +68,7 @@ static inline __attribute__((always_inline)) void FN(tile)(int mr, int nr, int K
   }
   if (k < K) { /* K's tail: the missing lanes load as zero */
     VEC b[NR];
-    for (int j = 0; j < nr; j++) b[j] = VLOADN(B + j * ldb + k, K - k);
+    for (int j = 0; j < nr; j++) b[j] = VLOADBN(B + j * ldb + k, K - k);
     for (int i = 0; i < mr; i++) {
       VEC a = VLOADN(A + i * lda + k, K - k);
       for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j], acc[i][j]);
@@ -88,7 +90,7 @@ static inline __attribute__((always_inline)) void FN(tile)(int mr, int nr, int K
     break;
 #define TILE_ROW(r) TILE_CASE(r, 1) TILE_CASE(r, 2) TILE_CASE(r, 3) TILE_CASE(r, 4)
 
-static void FN(tile_any)(int mr, int nr, int K, const float *A, long lda, const float *B,
+static void FN(tile_any)(int mr, int nr, int K, const float *A, long lda, const BT *B,
                          long ldb, float al, float be, float *C, long ldc, FN(ahead_t) pf,
                          int keep) {
   switch ((keep ? 64 : 0) + mr * 8 + nr) { TILE_ROW(1) TILE_ROW(2) TILE_ROW(3) TILE_ROW(4) }
@@ -97,7 +99,7 @@ static void FN(tile_any)(int mr, int nr, int K, const float *A, long lda, const 
 #undef TILE_CASE
 
 /* one thread's share: all M rows of A against rows [0, N) of B */
-static void FN(part)(int M, int N, int K, float al, const float *A, int lda, const float *B,
+static void FN(part)(int M, int N, int K, float al, const float *A, int lda, const BT *B,
                      int ldb, float be, float *C, int ldc) {
   for (int n = 0; n < N; n += NR) {
     int nr = N - n < NR ? N - n : NR;
@@ -106,7 +108,7 @@ static void FN(part)(int M, int N, int K, float al, const float *A, int lda, con
       next.at = B + (long)(n + NR) * ldb;
       next.rows = N - n - NR < NR ? N - n - NR : NR;
     }
-    int groups = (M + MR - 1) / MR, lines = next.rows * ((K + 15) / 16);
+    int groups = (M + MR - 1) / MR, lines = next.rows * ((K + LINE - 1) / LINE);
     for (int m = 0, g = 0; m < M; m += MR, g++) {
       /* every row group asks for its share, so the requests spread over the whole tile */
       next.first = (int)((long)lines * g / groups);
@@ -129,3 +131,7 @@ static void FN(part)(int M, int N, int K, float al, const float *A, int lda, con
 #undef VHSUM
 #undef VKEEP
 #undef FN
+#undef BT
+#undef LINE
+#undef VLOADB
+#undef VLOADBN
