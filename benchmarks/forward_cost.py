@@ -4,7 +4,9 @@ inside GEMMs (the rest is mlx's other ops and their dispatch), beside the measur
 bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
 
     python benchmarks/forward_cost.py [--model smollm2-135m] [--context 200]
-        [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--json out.json]
+        [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--weights fp32|bf16] [--json out.json]
+    (--weights bf16: the small-row GEMMs read bf16 shadows of the weight matrices, as a
+    draft model with weights=bf16 does; the GB/s column still counts fp32 bytes)
     ADASPEC_BLAS=openblas python benchmarks/forward_cost.py      # another BLAS
     ADASPEC_KERNEL_ISA=avx2 python benchmarks/forward_cost.py    # the AVX2 kernel on AVX-512
 """
@@ -18,7 +20,7 @@ from datetime import date
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
-from adaspec.kernels import blas, roofline
+from adaspec.kernels import blas, roofline, shadow
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
 
@@ -29,6 +31,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=doctor.CONTEXT)
     p.add_argument("--sizes", default=",".join(map(str, doctor.SIZES)))
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--weights", choices=shadow.WEIGHTS, default="fp32")
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     sizes = tuple(int(s) for s in a.sizes.split(","))
@@ -36,11 +39,16 @@ def main() -> None:
         p.error(f"--sizes {a.sizes}: must include 1 (the ratios are to a 1-token step)")
     doctor.SIZES = sizes
     model, _ = load(a.model)
+    shadows = shadow.shadow_model(model) if a.weights == "bf16" else None
     limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
     times = doctor.forward_times(model, repeats=a.repeats, context=a.context)
     st = blas.status()
     stream_ms = times["weight_bytes"] / limits.read_gbs / 1e6
-    print(f"{a.model}, context {a.context}, BLAS {st.kind}, kernel {blas.kernel_isa()}")
+    print(
+        f"{a.model}, context {a.context}, BLAS {st.kind}, kernel {blas.kernel_isa()}, "
+        f"weights {a.weights}"
+        + (f" ({shadows.count} matrices, {shadows.nbytes / 1e6:.0f} MB of bf16)" if shadows else "")
+    )
     print(
         f"limits: memory {limits.read_gbs:.1f} GB/s read, {limits.triad_gbs:.1f} GB/s triad; "
         f"peak {limits.peak_gflops:.0f} GFLOP/s on {limits.threads} threads; weights "
@@ -65,6 +73,7 @@ def main() -> None:
             "context": a.context,
             "blas": st.kind,
             "kernel_isa": blas.kernel_isa(),
+            "weights": a.weights,
             "limits": asdict(limits),
             **times,
         }

@@ -174,3 +174,35 @@ def test_an_unknown_weights_value_is_refused_naming_it(tmp_path):
     info = target_info(tiny_model("qwen3"), TOK)
     with pytest.raises(DrafterError, match=r"weights='int4' is invalid; accepted: fp32, bf16"):
         registry.make(f"draft-model:{folder},weights=int4", info, s)
+
+
+# ---- a DFlash drafter drafting from them -------------------------------------------------------
+
+
+@needs_router
+@pytest.mark.parametrize("with_set", [True, False], ids=["restricted-head", "full-head"])
+def test_a_bf16_dflash_drafter_shadows_only_its_own_weights(tmp_path, with_set):
+    from mlx.utils import tree_flatten
+    from tiny_dflash import tiny_drafter
+
+    from adaspec.drafters import dflash
+    from adaspec.drafters.dflash_checkpoint import save_model
+
+    target = tiny_model("llama")
+    prompt = [5, 6, 7, 8, 9, 10, 11, 40, 41, 5, 6, 7]
+    want = ar_greedy(target, prompt, 24)  # before any shadow exists
+    ids = np.arange(0, VOCAB, 2, dtype=np.int32) if with_set else None
+    save_model(tiny_drafter(target, seed=3, block=4).model, tmp_path / "d", head_token_ids=ids)
+    d = dflash.load(tmp_path / "d", target_info(target), weights="bf16")
+    fp32 = dflash.load(tmp_path / "d", target_info(target))
+    assert fp32.model is not d.model and fp32.shadows is None  # a copy of its own
+    own = set(d.shadows.addresses) | set(d.head_shadows.addresses if d.head_shadows else ())
+    assert (d.head_shadows is not None) == with_set
+    targets = {np.asarray(memoryview(a)).ctypes.data for _, a in tree_flatten(target.parameters())}
+    assert own and not own & targets
+    before = shadow.shadow_calls()
+    dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=24))
+    assert [e.token for e in decode(dec, prompt)] == want
+    assert dec.stats.drafted > 0 and shadow.shadow_calls() > before
+    with pytest.raises(DrafterError, match=r"dflash weights='fp16' is invalid; accepted: fp32"):
+        dflash.load(tmp_path / "d", target_info(target), weights="fp16")

@@ -1,10 +1,11 @@
 """DFlash drafter: drafts a whole block in one pass, conditioned on the target's tap features.
 
-Registry spec: ``dflash:DIR[,block=N][,window=N][,sink=N][,head=N]`` -- DIR is a z-lab-format
-checkpoint folder (config.json + *.safetensors; it may not contain ',' here, use `load()` for
-such paths); block overrides the checkpoint's block size, window/sink the attended context
-(sink + recent), head the checkpoint's head token set (0: the full vocabulary, N: its N most
-frequent ids).
+Registry spec: ``dflash:DIR[,block=N][,window=N][,sink=N][,head=N][,weights=bf16]`` -- DIR is a
+z-lab-format checkpoint folder (config.json + *.safetensors; it may not contain ',' here, use
+`load()` for such paths); block overrides the checkpoint's block size, window/sink the attended
+context (sink + recent), head the checkpoint's head token set (0: the full vocabulary, N: its N
+most frequent ids); weights=bf16 drafts from bf16 copies of the drafter's own weight matrices and
+of a restricted head's rows (never the target's embedding or full head, which the target reads).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
+from ..kernels.shadow import WEIGHTS, Shadows, shadow_model
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head
 from .base import Draft, DraftContext
 from .dflash_checkpoint import check_target, load_model, save_model
-from .dflash_head import DraftHead, head_subset
+from .dflash_head import DraftHead, KeptRows, head_subset
 from .dflash_model import DFlashModel
 from .spec import DrafterArgs, Entry
 
@@ -131,9 +133,12 @@ class DFlashDrafter:
         window: int = 2048,
         sink: int = 4,
         head: int | None = None,
+        shadows: Shadows | None = None,
     ):
         """head: None uses the checkpoint's head token set as stored (the full vocabulary when
-        it has none), 0 the full vocabulary, N > 0 the set's first (most frequent) N ids."""
+        it has none), 0 the full vocabulary, N > 0 the set's first (most frequent) N ids.
+        shadows: the model's bf16 shadows (weights=bf16); the restricted head's rows then get
+        theirs too."""
         cfg = model.cfg
         check_target(cfg, info)
         self.block = block or cfg.block_size
@@ -152,6 +157,10 @@ class DFlashDrafter:
         self.vocab_size = cfg.vocab_size
         self._embed, project = embedding_and_head(info.model)
         self.head = DraftHead(project, cfg.vocab_size, head_subset(model.head_token_ids, head))
+        self.shadows = shadows  # kept alive while this drafts
+        # only a restricted head's rows are the drafter's own; a full head is the target's
+        kept = self.head.projection if isinstance(self.head.projection, KeptRows) else None
+        self.head_shadows = Shadows([kept.weight]) if shadows and kept else None
         self.tokens: list[int] = []
         self.cache = ContextCache(model)
 
@@ -278,14 +287,18 @@ def load(
     window: int = 2048,
     sink: int = 4,
     head: int | None = None,
+    weights: str = "fp32",
 ) -> DFlashDrafter:
     """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
+    if weights not in WEIGHTS:
+        raise DrafterError(f"dflash weights={weights!r} is invalid; accepted: {', '.join(WEIGHTS)}")
+    model, shadows = shared_model(path, info, weights)
     return DFlashDrafter(
-        shared_model(path, info), info, block=block, window=window, sink=sink, head=head
+        model, info, block=block, window=window, sink=sink, head=head, shadows=shadows
     )
 
 
-_MODELS: dict[tuple, DFlashModel] = {}
+_MODELS: dict[tuple, tuple[DFlashModel, Shadows | None]] = {}
 _MODELS_LOCK = threading.Lock()
 MODELS_KEPT = 4
 
@@ -297,22 +310,26 @@ def _stamp(folder: Path) -> tuple:
     return tuple((n, s.st_ino, s.st_size, s.st_mtime_ns) for n, s in stats)
 
 
-def shared_model(path: str | Path, info: TargetInfo) -> DFlashModel:
+def shared_model(
+    path: str | Path, info: TargetInfo, weights: str = "fp32"
+) -> tuple[DFlashModel, Shadows | None]:
     """The checkpoint's weights, read once per process while its files are unchanged: every
     drafter made from one folder (generations, the server's pooled prompt caches) shares
-    them; each DFlashDrafter keeps its own context cache. The model is never written to."""
+    them; each DFlashDrafter keeps its own context cache. The model is never written to.
+    weights=bf16 gets a copy of its own whose weight matrices have bf16 shadows."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        return load_model(folder, info)  # raises the clear error
-    key = (str(folder.resolve()), _stamp(folder))
+        load_model(folder, info)  # raises the clear error
+    key = (str(folder.resolve()), _stamp(folder), weights)
     with _MODELS_LOCK:
-        model = _MODELS.get(key)
-        if model is None:
+        entry = _MODELS.get(key)
+        if entry is None:
             model = load_model(folder, info)
+            entry = (model, shadow_model(model) if weights == "bf16" else None)
             while len(_MODELS) >= MODELS_KEPT:
                 _MODELS.pop(next(iter(_MODELS)))
-            _MODELS[key] = model
-    return model
+            _MODELS[key] = entry
+    return entry
 
 
 SHIPPED = Path(__file__).parent / "checkpoints"
@@ -368,9 +385,12 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DFlashDr
         window=args.get("window", settings.dflash_ctx_window),
         sink=args.get("sink", settings.dflash_ctx_sink),
         head=args.get("head", None),
+        weights=args.get("weights", "fp32"),
     )
 
 
 ENTRY = Entry(
-    factory, {"block": int, "window": int, "sink": int, "head": int}, path="checkpoint folder"
+    factory,
+    {"block": int, "window": int, "sink": int, "head": int, "weights": str},
+    path="checkpoint folder",
 )

@@ -125,7 +125,19 @@ def restricted_projection(project: Callable, ids: np.ndarray, vocab_size: int) -
 
         return quantized
     mx.eval(w, *(() if bias is None else (bias,)))
-    return lambda h: h @ w.T if bias is None else h @ w.T + bias
+    return KeptRows(w, bias)
+
+
+class KeptRows:
+    """h -> h @ weight.T (+ bias): a projection onto the kept rows, whose `weight` is an
+    array of its own (a drafter may give it a bf16 shadow, adaspec/kernels/shadow.py)."""
+
+    def __init__(self, weight: mx.array, bias: mx.array | None):
+        self.weight, self.bias = weight, bias
+
+    def __call__(self, h: mx.array) -> mx.array:
+        y = h @ self.weight.T
+        return y if self.bias is None else y + self.bias
 
 
 class DraftHead:
@@ -137,9 +149,9 @@ class DraftHead:
         self.vocab_size = vocab_size
         self.ids = ids
         if ids is None:
-            self._project = project
+            self.projection = project
         else:
-            self._project = restricted_projection(project, ids, vocab_size)
+            self.projection = restricted_projection(project, ids, vocab_size)
             self._ids = mx.array(ids.astype(np.int32))
 
     @property
@@ -148,7 +160,7 @@ class DraftHead:
 
     def logits(self, h: mx.array) -> mx.array:
         """(k, size) float32 logits; column j is token j, or ids[j] with a restricted head."""
-        return self._project(h).astype(mx.float32)
+        return self.projection(h).astype(mx.float32)
 
     def greedy_ids(self, h: mx.array) -> mx.array:
         """(k,) the likeliest token of each row, as vocabulary ids, unevaluated."""

@@ -45,7 +45,8 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
 
 def _router() -> Any:
     router = getattr(blas, "_router", None)
-    kind = blas.status().kind if blas.status() is not None else None
+    status = blas.status()
+    kind = status.kind if status is not None else None
     if router is None or kind != blas.ROUTED or not blas.kernel_isa():
         raise DrafterError(
             f"weights=bf16 needs adaspec's routed kernel (BLAS in use: {kind or 'none'}); "
@@ -125,7 +126,8 @@ def shadow_model(model: Any) -> Shadows:
     would make the target read the copies too."""
     from mlx.utils import tree_flatten
 
-    return Shadows(a for _, a in tree_flatten(model.parameters()))
+    params: Any = tree_flatten(model.parameters())
+    return Shadows(a for _, a in params)
 
 
 def shadow_calls() -> int | None:
