@@ -27,6 +27,7 @@ HOST = {"xdg_cache_home": "XDG_CACHE_HOME", "cc": "CC", "ld_library_path": "LD_L
 GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
+WEIGHT_CHOICES = ("auto", "fp32", "bf16")  # a drafter's weights (adaspec/kernels/shadow.py)
 TREE_NODES_MAX = 256
 TREE_NODES_AUTO = 16  # the largest tree `auto` tries
 
@@ -110,6 +111,9 @@ class Settings(BaseSettings):
     # draft-model drafter: stop a draft at the first token the draft model gives less than this
     # probability (0 = draft as many as the policy allows)
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
+    # draft-model drafter: the weights its small-row GEMMs read: fp32 (as loaded), bf16 (bf16
+    # copies, adaspec/kernels/shadow.py) or auto (bf16 when the routed kernel runs)
+    draft_model_weights: str = "auto"
     # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only (the
     # default until trees are measured to pay here), auto = the policy sizes trees and falls
     # back to chains when they do not pay
@@ -140,12 +144,15 @@ class Settings(BaseSettings):
             "accepted: auto, routed, mkl, openblas, off, or a path to a BLAS shared library"
         )
 
-    @field_validator("gate", "rollback", "kernel_isa")
+    @field_validator("gate", "rollback", "kernel_isa", "draft_model_weights")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
-        choices = {"gate": GATE_CHOICES, "rollback": ROLLBACK_CHOICES, "kernel_isa": ISA_CHOICES}[
-            str(info.field_name)
-        ]
+        choices = {
+            "gate": GATE_CHOICES,
+            "rollback": ROLLBACK_CHOICES,
+            "kernel_isa": ISA_CHOICES,
+            "draft_model_weights": WEIGHT_CHOICES,
+        }[str(info.field_name)]
         v = v.strip().lower()
         if v not in choices:
             raise ValueError(f"accepted: {', '.join(choices)}")

@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=doctor.CONTEXT)
     p.add_argument("--sizes", default=",".join(map(str, doctor.SIZES)))
     p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--weights", choices=shadow.WEIGHTS, default="fp32")
+    p.add_argument("--weights", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     sizes = tuple(int(s) for s in a.sizes.split(","))

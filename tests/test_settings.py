@@ -50,6 +50,10 @@ def test_names_are_case_insensitive_for_known_and_unknown_alike():
             {"ADASPEC_KERNEL_ISA": "sse"},
             "ADASPEC_KERNEL_ISA='sse' is invalid; accepted: auto, avx512, avx2",
         ),
+        (
+            {"ADASPEC_DRAFT_MODEL_WEIGHTS": "int8"},
+            "ADASPEC_DRAFT_MODEL_WEIGHTS='int8' is invalid; accepted: auto, fp32, bf16",
+        ),
     ],
 )
 def test_a_bad_value_names_the_variable_its_value_and_what_is_accepted(env, message):

@@ -149,6 +149,13 @@ def test_without_the_routed_kernel_bf16_is_refused(monkeypatch):
         shadow.Shadows([])
 
 
+def test_auto_means_bf16_where_the_routed_kernel_runs_and_fp32_elsewhere(monkeypatch):
+    assert shadow.resolve("fp32", "x") == "fp32" and shadow.resolve("bf16", "x") == "bf16"
+    assert shadow.resolve("auto", "x") == ("bf16" if ROUTED and blas.kernel_isa() else "fp32")
+    monkeypatch.setattr(blas, "status", lambda: blas.BlasStatus("mkl", "mkl"))
+    assert shadow.resolve("auto", "x") == "fp32"
+
+
 # ---- a draft model drafting from them --------------------------------------------------------
 
 TOK = byte_tokenizer()
@@ -172,7 +179,8 @@ def test_an_unknown_weights_value_is_refused_naming_it(tmp_path):
     folder = save_tiny(tiny_model("qwen3", vocab=VOCAB, seed=7, layers=1), TOK, tmp_path / "d")
     s = from_env({}, cache=str(tmp_path / "cache"))
     info = target_info(tiny_model("qwen3"), TOK)
-    with pytest.raises(DrafterError, match=r"weights='int4' is invalid; accepted: fp32, bf16"):
+    bad = r"draft-model weights='int4' is invalid; accepted: auto, fp32, bf16"
+    with pytest.raises(DrafterError, match=bad):
         registry.make(f"draft-model:{folder},weights=int4", info, s)
 
 
@@ -204,5 +212,5 @@ def test_a_bf16_dflash_drafter_shadows_only_its_own_weights(tmp_path, with_set):
     dec = Decoder(KVTarget(target), d, DecodeConfig(max_tokens=24))
     assert [e.token for e in decode(dec, prompt)] == want
     assert dec.stats.drafted > 0 and shadow.shadow_calls() > before
-    with pytest.raises(DrafterError, match=r"dflash weights='fp16' is invalid; accepted: fp32"):
+    with pytest.raises(DrafterError, match=r"dflash weights='fp16' is invalid; accepted: auto"):
         dflash.load(tmp_path / "d", target_info(target), weights="fp16")

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
-from ..kernels.shadow import WEIGHTS, Shadows, shadow_model
+from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head
 from .base import Draft, DraftContext
@@ -290,9 +290,7 @@ def load(
     weights: str = "fp32",
 ) -> DFlashDrafter:
     """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
-    if weights not in WEIGHTS:
-        raise DrafterError(f"dflash weights={weights!r} is invalid; accepted: {', '.join(WEIGHTS)}")
-    model, shadows = shared_model(path, info, weights)
+    model, shadows = shared_model(path, info, resolve(weights, "dflash"))
     return DFlashDrafter(
         model, info, block=block, window=window, sink=sink, head=head, shadows=shadows
     )

@@ -1,7 +1,7 @@
 """Draft-model drafter: a small LM sharing the target's tokenizer drafts token by token from its
 own KV cache, which is trimmed back to the committed prefix before each draft.
 
-Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0][,head=N][,weights=bf16]`` -- an
+Registry spec: ``draft-model:PATH_OR_NAME[,min_p1=F][,q=0][,head=N][,weights=W]`` -- an
 mlx-lm folder, a .gguf file or a catalogue name (loaded once per process and shared); min_p1
 stops a draft at the first token whose draft probability is below F; q=0 withholds the draft
 probabilities, so sampled drafts are verified by sample-and-match instead of rejection sampling
@@ -9,7 +9,8 @@ probabilities, so sampled drafts are verified by sample-and-match instead of rej
 lowest ids, which a byte-level BPE gives its most frequent merges, and the end-of-sequence ids):
 a cheaper draft that can propose no other token; weights=bf16 drafts from bf16 copies of the
 model's weight matrices (adaspec/kernels/shadow.py): fewer bytes to read per draft token, for a
-little acceptance. "Same vocabulary" is defined in docs/drafters.md.
+little acceptance (auto, ADASPEC_DRAFT_MODEL_WEIGHTS's default: bf16 when the routed kernel
+runs; fp32: the weights as loaded). "Same vocabulary" is defined in docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numpy as np
 
 from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
-from ..kernels.shadow import WEIGHTS, Shadows, shadow_model
+from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head, inner_model
@@ -336,12 +337,7 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
             "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
-    weights = args.get("weights", "fp32")
-    if weights not in WEIGHTS:
-        raise DrafterError(
-            f"draft-model weights={weights!r} is invalid; accepted: {', '.join(WEIGHTS)}"
-        )
-    if weights == "bf16":
+    if resolve(args.get("weights", settings.draft_model_weights), "draft-model") == "bf16":
         model, tokenizer, shadows = load_shadowed(args.path, settings)
     else:
         (model, tokenizer), shadows = load_shared(args.path, settings), None

@@ -23,9 +23,21 @@ from typing import Any
 import numpy as np
 
 from ..errors import DrafterError
+from ..settings import WEIGHT_CHOICES
 from . import blas
 
-WEIGHTS = ("fp32", "bf16")  # the values of a drafter's `weights=` option
+
+def resolve(weights: str, who: str) -> str:
+    """A drafter's `weights=` value -> fp32 | bf16 (auto: bf16 when the routed kernel runs)."""
+    if weights not in WEIGHT_CHOICES:
+        raise DrafterError(
+            f"{who} weights={weights!r} is invalid; accepted: {', '.join(WEIGHT_CHOICES)}"
+        )
+    if weights != "auto":
+        return weights
+    status = blas.status()
+    routed = status is not None and status.kind == blas.ROUTED and blas.kernel_isa()
+    return "bf16" if routed else "fp32"
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
