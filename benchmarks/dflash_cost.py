@@ -3,7 +3,10 @@ full draft head and heads restricted to the n most frequent ids; prints the brea
 (verify cost ratio + draft/AR + advance/AR) on this machine.
 
     python benchmarks/dflash_cost.py [--real] [--context 512] [--window 2048] [--reps 30]
-        [--layers 1 2 3 5] [--blocks 16 8] [--heads 0 4096 8192 16384]
+        [--layers 1 2 3 5] [--blocks 16 8] [--heads 0 4096 8192 16384] [--weights fp32 bf16]
+
+--weights bf16 adds drafters that read bf16 copies of their own matrices and of a restricted
+head's rows (`dflash:DIR,weights=bf16`; a full head is the target's and stays fp32).
 
 --real also measures the real SmolLM2-135M (adaspec.targets.loader.load("smollm2-135m")).
 
@@ -32,11 +35,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+from mlx.utils import tree_map
 
 from adaspec.drafters.base import DraftContext
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_model import DFlashConfig, DFlashModel
 from adaspec.kernels import blas
+from adaspec.kernels.shadow import shadow_model
 from adaspec.targets.base import embedding_and_head, target_info
 from adaspec.targets.kv import KVTarget
 
@@ -102,7 +107,7 @@ def target_steps(model, context: int, sizes: list[int]) -> dict[str, Callable[[]
 
 
 def drafter_steps(
-    model, layers: int, block: int, context: int, window: int, heads: list[int]
+    model, layers: int, block: int, context: int, window: int, heads: list[int], weights: list[str]
 ) -> dict[str, Callable[[], None]]:
     """Greedy block drafts with the full head (0) and heads restricted to n ids, one advance by
     4 committed tokens (then rolled back), and each head alone over the drafted rows."""
@@ -130,11 +135,15 @@ def drafter_steps(
     ctx = DraftContext(prompt, block - 1)
     h = mx.random.normal((block - 1, 576))
     fns: dict[str, Callable[[], None]] = {}
-    for n in heads:
-        d = DFlashDrafter(dm, target_info(model), window=window, head=n)
-        d.prefill(prompt, DraftContext(prompt, 0, features=feats))
-        fns[f"draft L{layers} B{block} H{n}"] = partial(d.draft, ctx)
-        fns[f"head B{block} H{n}"] = partial(d.head.greedy, h)  # logits, argmax, ids
+    for w in weights:
+        # bf16: a copy of the weights with shadows (shadowing dm would make fp32 read them too)
+        own = dm if w == "fp32" else copy_model(dm)
+        shadows = shadow_model(own) if w == "bf16" else None
+        for n in heads:
+            d = DFlashDrafter(own, target_info(model), window=window, head=n, shadows=shadows)
+            d.prefill(prompt, DraftContext(prompt, 0, features=feats))
+            fns[f"draft L{layers} B{block} H{n} {w}"] = partial(d.draft, ctx)
+            fns[f"head B{block} H{n} {w}"] = partial(d.head.greedy, h)  # logits, argmax, ids
 
     def advance() -> None:
         d.advance([1, 2, 3, 4], DraftContext(prompt, 0, features=feats[:4]))
@@ -145,12 +154,25 @@ def drafter_steps(
     return fns
 
 
+def copy_model(dm: DFlashModel) -> DFlashModel:
+    """The same weights in arrays of their own."""
+    twin = DFlashModel(dm.cfg)
+    twin.update(tree_map(lambda a: a + 0, dm.parameters()))
+    twin.head_token_ids = dm.head_token_ids
+    mx.eval(twin.parameters())
+    return twin
+
+
 def report(name: str, model, args) -> None:
     sizes = sorted({1, 8, 16, *args.blocks})
     fns = target_steps(model, args.context, sizes)
     for layers in args.layers:
         for block in args.blocks:
-            fns.update(drafter_steps(model, layers, block, args.context, args.window, args.heads))
+            fns.update(
+                drafter_steps(
+                    model, layers, block, args.context, args.window, args.heads, args.weights
+                )
+            )
     stats = interleaved_ms(fns, args.reps)
     st = blas.status()
     print(
@@ -167,21 +189,22 @@ def report(name: str, model, args) -> None:
             )
         )
         print(
-            "\n| drafter layers | block | head ids | draft ms (head part) | draft/AR "
+            "\n| drafter layers | block | head ids | weights | draft ms (head part) | draft/AR "
             "| advance ms | break-even tau |"
         )
-        print("|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|")
         for layers in args.layers:
             adv = t[f"advance L{layers}"]
             for block in args.blocks:
                 for n in args.heads:
-                    draft = t[f"draft L{layers} B{block} H{n}"]
-                    tau0 = (t[f"verify {block}"] + draft + adv) / ar
-                    print(
-                        f"| {layers} | {block} | {n or 'all'} | {draft:.1f} "
-                        f"({t[f'head B{block} H{n}']:.1f}) | {draft / ar:.2f} | {adv:.2f} "
-                        f"| {tau0:.2f} |"
-                    )
+                    for w in args.weights:
+                        draft = t[f"draft L{layers} B{block} H{n} {w}"]
+                        tau0 = (t[f"verify {block}"] + draft + adv) / ar
+                        print(
+                            f"| {layers} | {block} | {n or 'all'} | {w} | {draft:.1f} "
+                            f"({t[f'head B{block} H{n} {w}']:.1f}) | {draft / ar:.2f} | "
+                            f"{adv:.2f} | {tau0:.2f} |"
+                        )
 
 
 def argmax_counts(model, prompts: list[list[int]], vocab: int) -> np.ndarray:
@@ -289,6 +312,7 @@ def main() -> None:
         default=[0, 4096, 8192, 16384],
         help="draft head sizes: 0 the full vocabulary, n a head restricted to n token ids",
     )
+    p.add_argument("--weights", nargs="+", choices=("fp32", "bf16"), default=["fp32"])
     p.add_argument("--real", action="store_true", help="also the real SmolLM2-135M")
     p.add_argument("--coverage", action="store_true", help="what restricted heads give up")
     p.add_argument("--count-prompts", type=int, default=40)
