@@ -80,12 +80,6 @@ static inline float hsum8(__m256 v) { /* lanes i + i+4, then i + i+2, then i + i
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum8(v)
 #define VKEEP(v) __asm__("" : "+x"(v)) /* v lives in a register here */
-#define BT float
-#define LINE 16
-#define VLOADB VLOAD
-#define VLOADBN VLOADN
-#define FN(name) name##_avx2
-#include "small_m.h"
 
 /* bf16 -> fp32 is a 16-bit shift: the tail (n < 8) goes through a zero-filled copy */
 static inline __m256 load8h(const unsigned short *p) {
@@ -97,22 +91,29 @@ static inline __m256 load8hn(const unsigned short *p, int n) {
   for (int i = 0; i < n; i++) t[i] = p[i];
   return load8h(t);
 }
-#define W 8
-#define MR 4
-#define NR 3
-#define VEC __m256
-#define VZERO() _mm256_setzero_ps()
-#define VLOAD(p) _mm256_loadu_ps(p)
-#define VLOADN(p, n) load8n(p, n)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define VHSUM(v) hsum8(v)
-#define VKEEP(v) __asm__("" : "+x"(v))
+
+#define BT float
+#define LINE 16
+#define VLOADB VLOAD
+#define VLOADBN VLOADN
+#define FN(name) name##_avx2
+#include "small_m.h"
 #define BT unsigned short
 #define LINE 32
 #define VLOADB(p) load8h(p)
 #define VLOADBN(p, n) load8hn(p, n)
 #define FN(name) name##_avx2_bf16
 #include "small_m.h"
+#undef W
+#undef MR
+#undef NR
+#undef VEC
+#undef VZERO
+#undef VLOAD
+#undef VLOADN
+#undef VFMA
+#undef VHSUM
+#undef VKEEP
 
 /* ---- 16 lanes: AVX-512 F, tiles of 4 x 4 (21 of the 32 registers) --------------------- */
 
@@ -140,12 +141,6 @@ static inline float hsum16(__m512 v) { /* lanes i + i+8, then as hsum8 */
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VHSUM(v) hsum16(v)
 #define VKEEP(v) __asm__("" : "+v"(v))
-#define BT float
-#define LINE 16
-#define VLOADB VLOAD
-#define VLOADBN VLOADN
-#define FN(name) name##_avx512
-#include "small_m.h"
 
 static inline __m512 load16h(const unsigned short *p) {
   __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -156,16 +151,13 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
   for (int i = 0; i < n; i++) t[i] = p[i];
   return load16h(t);
 }
-#define W 16
-#define MR 4
-#define NR 4
-#define VEC __m512
-#define VZERO() _mm512_setzero_ps()
-#define VLOAD(p) _mm512_loadu_ps(p)
-#define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16)((1u << (n)) - 1), p)
-#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define VHSUM(v) hsum16(v)
-#define VKEEP(v) __asm__("" : "+v"(v))
+
+#define BT float
+#define LINE 16
+#define VLOADB VLOAD
+#define VLOADBN VLOADN
+#define FN(name) name##_avx512
+#include "small_m.h"
 #define BT unsigned short
 #define LINE 32
 #define VLOADB(p) load16h(p)

@@ -119,17 +119,8 @@ static void FN(part)(int M, int N, int K, float al, const float *A, int lda, con
   }
 }
 
-/* the parameters are the includer's to set again for the next instruction set */
-#undef W
-#undef MR
-#undef NR
-#undef VEC
-#undef VZERO
-#undef VLOAD
-#undef VLOADN
-#undef VFMA
-#undef VHSUM
-#undef VKEEP
+/* B's type and the names are the includer's to set again for the next type; the vector
+ * parameters (W ... VKEEP) stay until it undefines them for the next instruction set */
 #undef FN
 #undef BT
 #undef LINE
