@@ -109,8 +109,9 @@ def select(suite: list, category: list[str], grounded: str | None, limit: int | 
 
 
 def _peer(args: argparse.Namespace, drafter: str):
-    """The --peer configuration (its draft model loaded once and shared with the drafter);
-    `drafter` is the spec in use (--drafter or the model's default)."""
+    """The --peer configuration (its draft model loaded once, with fp32 weights as mlx-lm
+    reads them, and shared with a drafter that drafts from those); `drafter` is the spec in
+    use (--drafter or the model's default)."""
     from ..bench.peer import PeerConfig, check_peer
     from ..drafters.draft_model import load_shared
     from ..drafters.spec import parse_arm, split_arms
@@ -131,5 +132,5 @@ def _peer(args: argparse.Namespace, drafter: str):
             f"--peer-k={args.peer_k}, --peer-tune-prompts={args.peer_tune_prompts}, "
             f"--peer-tune-tokens={args.peer_tune_tokens} are invalid; accepted: 0..64, >= 1, >= 2"
         )
-    model, _ = load_shared(draft, get())
+    model, _, _ = load_shared(draft, get())
     return PeerConfig(model, args.peer_k, args.peer_tune_prompts, args.peer_tune_tokens)

@@ -311,24 +311,17 @@ def _ids(tokens: list[mx.array]) -> list[int]:
 
 
 @functools.lru_cache(maxsize=2)
-def load_shared(path_or_name: str, settings: Settings) -> tuple[Any, Any]:
-    """(model, tokenizer) of a draft model, loaded once per process (generations, the bench
-    and its mlx-lm peer share the weights; each DraftLM has its own cache)."""
+def load_shared(
+    path_or_name: str, settings: Settings, weights: str = "fp32"
+) -> tuple[Any, Any, Shadows | None]:
+    """(model, tokenizer, its bf16 shadows or None) of a draft model, loaded once per process
+    and weights kind (generations and the bench share them, each DraftLM has its own cache; the
+    bench's mlx-lm peer drafts with the fp32 one, whose matrices have no shadows)."""
     from ..targets.loader import load
 
-    log.info("loading draft model %s", path_or_name)
-    return load(path_or_name, settings=settings)
-
-
-@functools.lru_cache(maxsize=2)
-def load_shadowed(path_or_name: str, settings: Settings) -> tuple[Any, Any, Shadows]:
-    """A draft model of its own whose weight matrices have bf16 shadows, loaded once per
-    process (never load_shared's: mlx-lm's peer in the bench drafts with that one)."""
-    from ..targets.loader import load
-
-    log.info("loading draft model %s with bf16 weights", path_or_name)
+    log.info("loading draft model %s (%s weights)", path_or_name, weights)
     model, tokenizer = load(path_or_name, settings=settings)
-    return model, tokenizer, shadow_model(model)
+    return model, tokenizer, shadow_model(model) if weights == "bf16" else None
 
 
 def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
@@ -337,10 +330,8 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
             "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
-    if resolve(args.get("weights", settings.draft_model_weights), "draft-model") == "bf16":
-        model, tokenizer, shadows = load_shadowed(args.path, settings)
-    else:
-        (model, tokenizer), shadows = load_shared(args.path, settings), None
+    weights = resolve(args.get("weights", settings.draft_model_weights), "draft-model")
+    model, tokenizer, shadows = load_shared(args.path, settings, weights)
     return DraftLM(
         model,
         tokenizer,

@@ -398,15 +398,23 @@ static inline unsigned shadow_slot(const float *w) {
   return (unsigned)((((unsigned long)w >> 6) * 2654435761ul) & (SHADOW_SLOTS - 1));
 }
 
-static const unsigned short *shadow_find(const float *b, int n, int k, int ld) {
-  if (!atomic_load_explicit(&n_shadows, memory_order_acquire)) return 0;
-  for (unsigned i = shadow_slot(b), probe = 0; probe < SHADOW_SLOTS; probe++) {
-    const shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
-    const float *w = atomic_load_explicit(&s->w, memory_order_acquire);
-    if (!w) return 0;
-    if (w == b) return s->n == n && s->k == k && s->ld == ld ? s->h : 0;
+/* w's entry, or 0; with `free`, also the first slot a new entry for w may take (0: none) */
+static shadow_t *shadow_locate(const float *w, shadow_t **free) {
+  if (free) *free = 0;
+  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
+    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
+    const float *at = atomic_load_explicit(&s->w, memory_order_acquire);
+    if (at == w) return s;
+    if (free && !*free && (at == GONE || !at)) *free = s;
+    if (!at) return 0;
   }
   return 0;
+}
+
+static const unsigned short *shadow_find(const float *b, int n, int k, int ld) {
+  if (!atomic_load_explicit(&n_shadows, memory_order_acquire)) return 0;
+  const shadow_t *s = shadow_locate(b, 0);
+  return s && s->n == n && s->k == k && s->ld == ld ? s->h : 0;
 }
 
 /* register h (n rows of k bf16 values, ld apart) as the shadow of w: 1 done, 0 the table is
@@ -414,24 +422,11 @@ static const unsigned short *shadow_find(const float *b, int n, int k, int ld) {
 int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned short *h) {
   if (!HAVE_KERNEL) return -2;
   pthread_mutex_lock(&shadow_mu);
-  int rc = 0;
-  shadow_t *free_slot = 0;
-  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
-    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
-    const float *at = atomic_load(&s->w);
-    if (at == w) {
-      rc = -1;
-      break;
-    }
-    if (at == GONE && !free_slot) free_slot = s;
-    if (!at) {
-      if (!free_slot) free_slot = s;
-      break;
-    }
-  }
-  if (rc == 0 && free_slot && atomic_load(&n_shadows) < SHADOW_SLOTS / 2) {
-    free_slot->h = h, free_slot->n = n, free_slot->k = k, free_slot->ld = ld;
-    atomic_store_explicit(&free_slot->w, w, memory_order_release);
+  shadow_t *slot, *found = shadow_locate(w, &slot);
+  int rc = found ? -1 : 0;
+  if (!found && slot && atomic_load(&n_shadows) < SHADOW_SLOTS / 2) {
+    slot->h = h, slot->n = n, slot->k = k, slot->ld = ld;
+    atomic_store_explicit(&slot->w, w, memory_order_release);
     atomic_fetch_add(&n_shadows, 1);
     rc = 1;
   }
@@ -442,20 +437,13 @@ int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned shor
 /* unregister w's shadow: 1 done, 0 it had none */
 int adaspec_shadow_remove(const float *w) {
   pthread_mutex_lock(&shadow_mu);
-  int rc = 0;
-  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
-    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
-    const float *at = atomic_load(&s->w);
-    if (!at) break;
-    if (at == w) {
-      atomic_store_explicit(&s->w, GONE, memory_order_release);
-      atomic_fetch_sub(&n_shadows, 1);
-      rc = 1;
-      break;
-    }
+  shadow_t *s = shadow_locate(w, 0);
+  if (s) {
+    atomic_store_explicit(&s->w, GONE, memory_order_release);
+    atomic_fetch_sub(&n_shadows, 1);
   }
   pthread_mutex_unlock(&shadow_mu);
-  return rc;
+  return s != 0;
 }
 
 /* routed GEMMs that read a shadow so far */

@@ -35,9 +35,7 @@ def resolve(weights: str, who: str) -> str:
         )
     if weights != "auto":
         return weights
-    status = blas.status()
-    routed = status is not None and status.kind == blas.ROUTED and blas.kernel_isa()
-    return "bf16" if routed else "fp32"
+    return "bf16" if _routed_kernel() is not None else "fp32"
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
@@ -55,11 +53,19 @@ def from_bf16(h: np.ndarray) -> np.ndarray:
     return (h.astype(np.uint32) << 16).view(np.float32)
 
 
-def _router() -> Any:
+def _routed_kernel() -> Any:
+    """The router when its kernels run this process's small GEMMs (what reads shadows)."""
     router = getattr(blas, "_router", None)
     status = blas.status()
-    kind = status.kind if status is not None else None
-    if router is None or kind != blas.ROUTED or not blas.kernel_isa():
+    routed = status is not None and status.kind == blas.ROUTED and blas.kernel_isa()
+    return router if routed else None
+
+
+def _router() -> Any:
+    router = _routed_kernel()
+    if router is None:
+        status = blas.status()
+        kind = status.kind if status is not None else None
         raise DrafterError(
             f"weights=bf16 needs adaspec's routed kernel (BLAS in use: {kind or 'none'}); "
             "accepted: weights=fp32, or ADASPEC_BLAS=routed (the default) on an x86-64 CPU with "
