@@ -162,12 +162,23 @@ TOK = byte_tokenizer()
 
 
 @needs_router
-def test_a_bf16_draft_model_stays_lossless(tmp_path):
+@pytest.mark.parametrize("head", [0, 64])
+def test_a_bf16_draft_model_stays_lossless(tmp_path, head):
     target = tiny_model("qwen3")
     folder = save_tiny(tiny_model("qwen3", vocab=300, seed=7, layers=1), TOK, tmp_path / "draft")
     s = from_env({}, cache=str(tmp_path / "cache"))
-    d = registry.make(f"draft-model:{folder},weights=bf16", target_info(target, TOK), s)
-    assert isinstance(d, DraftLM)
+    spec = f"draft-model:{folder},weights=bf16" + (f",head={head}" if head else "")
+    d = registry.make(spec, target_info(target, TOK), s)
+    assert isinstance(d, DraftLM) and (d.head_shadows is not None) == bool(head)
+    if head:  # the gathered head rows are read as bf16 too
+        project = d._head[1]
+        h = mx.array(np.random.default_rng(0).standard_normal((1, 1, 64), dtype=np.float32))
+        rows = shadow.from_bf16(shadow.to_bf16(np.array(project.weight)))
+        want = np.asarray(h, np.float64).reshape(1, -1) @ rows.T
+        got = np.array(project(h)).reshape(1, -1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        fp32 = np.asarray(h, np.float64).reshape(1, -1) @ np.array(project.weight, np.float64).T
+        assert not np.allclose(got, fp32, rtol=1e-4, atol=1e-4)
     before = shadow.shadow_calls()
     prompt = [5, 6, 7, 8, 9, 10, 11, 40, 41]
     dec = Decoder(KVTarget(target, TOK), d, DecodeConfig(max_tokens=24, max_draft=4))

@@ -31,7 +31,7 @@ from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head, inner_model
 from .base import Draft, DraftContext
-from .dflash_head import restricted_projection, select_head_tokens
+from .dflash_head import KeptRows, restricted_projection, select_head_tokens
 from .spec import DrafterArgs, Entry
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,10 @@ class DraftLM:
         self.vocab_size = target.vocab_size  # q rows have the target's width
         self.n_ids = min(info.vocab_size, target.vocab_size)
         self._head = self._restricted_head(head, target, info.vocab_size) if head else None
+        # head=N gathers its rows into an array of its own: shadowed like the model's matrices
+        kept = self._head[1] if self._head else None
+        own = shadows is not None and isinstance(kept, KeptRows)
+        self.head_shadows = Shadows([kept.weight]) if own else None
         self._make_cache = make_prompt_cache
         self.cache = make_prompt_cache(model)
         if not can_trim_prompt_cache(self.cache):
