@@ -91,7 +91,7 @@ def test_answer_order_keeps_its_prefix_when_one_source_grows(sources, grown):
     assert all([p.source for p in r] == list(SOURCES) for r in rounds)
 
 
-@pytest.mark.parametrize("field", ["n_open", "n_brief", "n_topic"])
+@pytest.mark.parametrize("field", ["n_open", "n_brief", "n_topic", "n_self"])
 def test_a_negative_count_is_refused_naming_it(field):
     with pytest.raises(TrainingError, match=f"{field}=-1"):
         Recipe(corpus=str(Path(".")), **{field: -1})

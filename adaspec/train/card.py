@@ -92,6 +92,8 @@ def prompt_counts(r: dict) -> str:
         parts.append(f"{r['n_brief']} brief requests")
     if r.get("n_topic"):
         parts.append(f"{r['n_topic']} topic requests")
+    if r.get("n_self"):
+        parts.append(f"{r['n_self']} requests written by the target")
     return ", ".join(parts)
 
 

@@ -71,7 +71,9 @@ def _split_rows(cache: list, count: int) -> list[list]:
     return out
 
 
-def _prefill(model: Any, prompts: Sequence[Sequence[int]], chunk: int) -> tuple[list, mx.array]:
+def prefill_batch(
+    model: Any, prompts: Sequence[Sequence[int]], chunk: int
+) -> tuple[list, mx.array]:
     """Every prompt but its last token through the decoder (groups of equal length together,
     PREFILL_STREAMS groups at once on their own threads); the caches merged into one
     left-padded batch cache; then the last tokens through the whole model: (cache, logits)."""
@@ -115,7 +117,7 @@ def greedy_batch(
     decoded together; finished rows leave the batch once a quarter of it has finished. Each
     step is queued before the previous one's tokens are read, so building a step's graph and
     the bookkeeping overlap the computing."""
-    cache, logits = _prefill(model, prompts, prefill_chunk)
+    cache, logits = prefill_batch(model, prompts, prefill_chunk)
     tok = mx.argmax(logits, axis=-1)
     out: list[list[int]] = [[] for _ in prompts]
     rows = list(range(len(prompts)))  # the prompt index of each cache row

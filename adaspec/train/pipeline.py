@@ -26,6 +26,7 @@ from .data import TrainSeq, extract_features, load_labels
 from .generate import answer_prompts, default_rows
 from .objective import TrainingError
 from .recipe import Recipe
+from .requests import write_and_answer, written
 from .start import (  # noqa: F401  (default_taps is part of this module's interface)
     choose_mask_token,
     default_taps,
@@ -130,14 +131,26 @@ def make_data(
     by_key = {p.key: pid for p, pid in zip(prompts, ids)}
     order = respond_order(prompts)[: recipe.respond]
     todo = [(p, by_key[p.key]) for p in order if p.key not in answers]
+    rows = recipe.gen_batch or default_rows()
     if todo:
         eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
         log.info("answering %d prompts (%d already in %s)", len(todo), len(answers), store.folder)
-        rows = recipe.gen_batch or default_rows()
         answer_prompts(
             model, eos, todo, store, max_new=recipe.max_new, rows=rows, progress=progress
         )
-    if todo or recipe.shard_range is not None:  # the new answers, or the shards that train
+    wrote = bool(set(range(recipe.n_self)) - written(store)) and write_and_answer(
+        model,
+        tokenizer,
+        store,
+        count=recipe.n_self,
+        seed=recipe.hyper.seed,
+        heldout=recipe.heldout,
+        max_prompt=recipe.max_prompt,
+        max_new=recipe.max_new,
+        rows=rows,
+        progress=progress,
+    )
+    if todo or wrote or recipe.shard_range is not None:  # new answers, or the shards to train
         answers = store.load(recipe.shard_range)
     return sequences(prompts, ids, answers)
 
@@ -169,6 +182,7 @@ def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
         "prompts": len(prompts),
         "stored_answers": len(answers),
         "to_answer": sum(p.key not in answers for p in order),
+        "self_requests_to_write": len(set(range(recipe.n_self)) - written(store)),
         **data_summary(sequences(prompts, ids, trained)),
     }
 

@@ -84,6 +84,9 @@ class Recipe:
     # requests about a topic of the news (a noun phrase such as "interest rates"), in six
     # wordings: story, explanation, description, poem, what to know, three facts
     n_topic: int = 0
+    # requests the target writes itself (a user turn sampled from the chat template's opening),
+    # each answered: general topics, as a chat session brings them (adaspec/train/requests.py)
+    n_self: int = 0
     heldout: float = 0.05
     max_prompt: int = 512
     max_new: int = 256
@@ -115,12 +118,12 @@ class Recipe:
         for k in ("gen_batch", "respond", "head"):
             if (getattr(self, k) or 0) < 0:
                 raise TrainingError(f"{k}={getattr(self, k)} is invalid; accepted: >= 0")
-        counts = (self.n_news, self.n_code, self.n_open, self.n_brief, self.n_topic)
+        counts = (self.n_news, self.n_code, self.n_open, self.n_brief, self.n_topic, self.n_self)
         if min(counts) < 0 or sum(counts) < 2:
             raise TrainingError(
                 f"n_news={self.n_news}, n_code={self.n_code}, n_open={self.n_open}, "
-                f"n_brief={self.n_brief}, n_topic={self.n_topic} are invalid; accepted: >= 0 "
-                "each, at least 2 prompts in all"
+                f"n_brief={self.n_brief}, n_topic={self.n_topic}, n_self={self.n_self} are "
+                "invalid; accepted: >= 0 each, at least 2 prompts in all"
             )
         if self.block < 2:
             raise TrainingError(f"block={self.block} is invalid; accepted: >= 2")
