@@ -85,7 +85,7 @@ class Recipe:
     # wordings: story, explanation, description, poem, what to know, three facts
     n_topic: int = 0
     # requests the target writes itself (a user turn sampled from the chat template's opening),
-    # each answered: general topics, as a chat session brings them (adaspec/train/requests.py)
+    # each answered: general topics, as a chat brings them (adaspec/train/requests.py)
     n_self: int = 0
     heldout: float = 0.05
     max_prompt: int = 512
