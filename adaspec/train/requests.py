@@ -1,6 +1,6 @@
 """Requests the target writes itself: the chat template's opening of a user turn, continued by
 the target with sampling, then answered greedily like any prompt. The requests are as varied
-as what the target expects a user to ask (general topics, the kind a chat session brings), and
+as what the target expects a user to ask (general topics, the kind a chat brings), and
 no text comes from outside: both sides of the exchange are the target's own.
 
 Request i is sampled with a generator seeded by (seed, i), so its draws do not depend on the
