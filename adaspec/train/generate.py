@@ -163,16 +163,28 @@ def answer_prompts(
     made = 0
     bar = tqdm(total=len(todo), disable=not progress, desc="responses", unit="prompt")
     for batch in by_length(todo, rows):
-        resp = greedy_batch(model, [ids for _, ids in batch], max_new, eos)
-        store.append(
-            [
-                Answer(p.key, p.id, p.heldout, np.array(ids, np.int32), np.array(r, np.int32))
-                for (p, ids), r in zip(batch, resp)
-            ],
-            max_new,
-        )
-        made += sum(len(r) for r in resp)
+        made += answer_batch(model, eos, batch, store, max_new)
         bar.update(len(batch))
         bar.set_postfix(tokens=made)
     bar.close()
     return made
+
+
+def answer_batch(
+    model: Any,
+    eos: set[int],
+    batch: Sequence[tuple[Any, list[int]]],
+    store: ResponseStore,
+    max_new: int,
+) -> int:
+    """Answer (PromptRecord, prompt ids) pairs together, greedily, and append them to the store
+    as one shard. Returns the response tokens made."""
+    resp = greedy_batch(model, [ids for _, ids in batch], max_new, eos)
+    store.append(
+        [
+            Answer(p.key, p.id, p.heldout, np.array(ids, np.int32), np.array(r, np.int32))
+            for (p, ids), r in zip(batch, resp)
+        ],
+        max_new,
+    )
+    return sum(len(r) for r in resp)

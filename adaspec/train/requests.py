@@ -21,8 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from .corpus import PromptRecord
-from .generate import PREFILL_CHUNK, greedy_batch, prefill_batch
-from .store import Answer, ResponseStore
+from .generate import PREFILL_CHUNK, answer_batch, prefill_batch
+from .store import ResponseStore
 
 SOURCE = "self"
 MAX_REQUEST = 96  # tokens of a written request
@@ -125,16 +125,8 @@ def write_and_answer(
         recs = [request_record(i, t, seed, heldout) for i, t in zip(batch, texts) if t]
         if not recs:
             continue
-        ids = [prompt_ids(tokenizer, list(r.messages))[-max_prompt:] for r in recs]
-        resp = greedy_batch(model, ids, max_new, eos)
-        store.append(
-            [
-                Answer(r.key, r.id, r.heldout, np.array(p, np.int32), np.array(a, np.int32))
-                for r, p, a in zip(recs, ids, resp)
-            ],
-            max_new,
-        )
-        made += sum(len(a) for a in resp)
+        pairs = [(r, prompt_ids(tokenizer, list(r.messages))[-max_prompt:]) for r in recs]
+        made += answer_batch(model, eos, pairs, store, max_new)
         bar.update(len(batch))
         bar.set_postfix(tokens=made)
     bar.close()
