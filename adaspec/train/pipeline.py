@@ -26,7 +26,7 @@ from .data import TrainSeq, extract_features, load_labels
 from .generate import answer_prompts, default_rows
 from .objective import TrainingError
 from .recipe import Recipe
-from .requests import write_and_answer, written
+from .requests import missing, write_and_answer
 from .start import (  # noqa: F401  (default_taps is part of this module's interface)
     choose_mask_token,
     default_taps,
@@ -132,25 +132,28 @@ def make_data(
     order = respond_order(prompts)[: recipe.respond]
     todo = [(p, by_key[p.key]) for p in order if p.key not in answers]
     rows = recipe.gen_batch or default_rows()
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
     if todo:
-        eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
         log.info("answering %d prompts (%d already in %s)", len(todo), len(answers), store.folder)
         answer_prompts(
             model, eos, todo, store, max_new=recipe.max_new, rows=rows, progress=progress
         )
-    wrote = bool(set(range(recipe.n_self)) - written(store)) and write_and_answer(
-        model,
-        tokenizer,
-        store,
-        count=recipe.n_self,
-        seed=recipe.hyper.seed,
-        heldout=recipe.heldout,
-        max_prompt=recipe.max_prompt,
-        max_new=recipe.max_new,
-        rows=rows,
-        progress=progress,
-    )
-    if todo or wrote or recipe.shard_range is not None:  # new answers, or the shards to train
+    unwritten = missing(recipe.n_self, answers.values())
+    if unwritten:
+        write_and_answer(
+            model,
+            tokenizer,
+            store,
+            unwritten,
+            eos,
+            seed=recipe.hyper.seed,
+            heldout=recipe.heldout,
+            max_prompt=recipe.max_prompt,
+            max_new=recipe.max_new,
+            rows=rows,
+            progress=progress,
+        )
+    if todo or unwritten or recipe.shard_range is not None:  # new answers, or shards to train
         answers = store.load(recipe.shard_range)
     return sequences(prompts, ids, answers)
 
@@ -182,7 +185,7 @@ def plan(model: Any, tokenizer: Any, recipe: Recipe, data: str | Path) -> dict:
         "prompts": len(prompts),
         "stored_answers": len(answers),
         "to_answer": sum(p.key not in answers for p in order),
-        "self_requests_to_write": len(set(range(recipe.n_self)) - written(store)),
+        "self_requests_to_write": len(missing(recipe.n_self, answers.values())),
         **data_summary(sequences(prompts, ids, trained)),
     }
 

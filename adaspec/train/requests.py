@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..prompting import prompt_ids
 from .corpus import PromptRecord
 from .generate import PREFILL_CHUNK, answer_batch, prefill_batch
-from .store import ResponseStore
+from .store import Answer, ResponseStore
 
 SOURCE = "self"
 MAX_REQUEST = 96  # tokens of a written request
@@ -89,17 +90,19 @@ def request_record(index: int, text: str, seed: int, heldout: float) -> PromptRe
     return PromptRecord(f"self-{index:05d}-{digest[:12]}", SOURCE, held, msgs)
 
 
-def written(store: ResponseStore) -> set[int]:
-    """Indices of the self-written requests the store holds answers to."""
-    return {int(m[1]) for a in store.load().values() if (m := _ID.match(a.id))}
+def missing(count: int, answers: Iterable[Answer]) -> list[int]:
+    """Indices below `count` of the self-written requests without a stored answer."""
+    done = {int(m[1]) for a in answers if (m := _ID.match(a.id))}
+    return sorted(set(range(count)) - done)
 
 
 def write_and_answer(
     model: Any,
     tokenizer: Any,
     store: ResponseStore,
+    todo: Sequence[int],
+    eos: set[int],
     *,
-    count: int,
     seed: int,
     heldout: float,
     max_prompt: int,
@@ -107,26 +110,18 @@ def write_and_answer(
     rows: int,
     progress: bool = True,
 ) -> int:
-    """Requests 0..count-1 the store lacks: written by the target `rows` at a time, answered
-    greedily, each batch appended to the store as one shard. Returns response tokens made."""
-    from ..prompting import prompt_ids
-
-    todo = sorted(set(range(count)) - written(store))
-    eos = set(getattr(tokenizer, "eos_token_ids", None) or [tokenizer.eos_token_id])
+    """Requests `todo` (indices): written by the target `rows` at a time, answered greedily,
+    each batch appended to the store as one shard. Returns response tokens made."""
     opening, made = user_opening(tokenizer), 0
     bar = tqdm(total=len(todo), disable=not progress, desc="self requests", unit="request")
     for at in range(0, len(todo), rows):
         batch = todo[at : at + rows]
-        texts = [
-            tokenizer.decode(r).strip()
-            for r in sample_requests(model, opening, [seed * 1_000_003 + i for i in batch], eos)
-        ]
+        written = sample_requests(model, opening, [seed * 1_000_003 + i for i in batch], eos)
+        texts = [tokenizer.decode(r).strip() for r in written]
         # an empty request (the target ended its turn at once) is not kept
         recs = [request_record(i, t, seed, heldout) for i, t in zip(batch, texts) if t]
-        if not recs:
-            continue
         pairs = [(r, prompt_ids(tokenizer, list(r.messages))[-max_prompt:]) for r in recs]
-        made += answer_batch(model, eos, pairs, store, max_new)
+        made += answer_batch(model, eos, pairs, store, max_new) if pairs else 0
         bar.update(len(batch))
         bar.set_postfix(tokens=made)
     bar.close()
