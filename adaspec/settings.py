@@ -28,6 +28,7 @@ GATE_CHOICES = ("both", "entropy", "commit", "off")
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
 WEIGHT_CHOICES = ("auto", "fp32", "bf16")  # a drafter's weights (adaspec/kernels/shadow.py)
+STORED_CHOICES = ("auto", "on", "off")  # GGUF weights at their stored bits (kernels/stored.py)
 TREE_NODES_MAX = 256
 TREE_NODES_AUTO = 16  # the largest tree `auto` tries
 
@@ -118,6 +119,9 @@ class Settings(BaseSettings):
     # default until trees are measured to pay here), auto = the policy sizes trees and falls
     # back to chains when they do not pay
     tree_nodes: str = "0"
+    # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
+    # or expand them to fp32 (off); auto = on where the routed kernel runs
+    stored_weights: str = "auto"
 
     @field_validator("tree_nodes", mode="before")
     @classmethod
@@ -144,7 +148,7 @@ class Settings(BaseSettings):
             "accepted: auto, routed, mkl, openblas, off, or a path to a BLAS shared library"
         )
 
-    @field_validator("gate", "rollback", "kernel_isa", "draft_model_weights")
+    @field_validator("gate", "rollback", "kernel_isa", "draft_model_weights", "stored_weights")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
         choices = {
@@ -152,6 +156,7 @@ class Settings(BaseSettings):
             "rollback": ROLLBACK_CHOICES,
             "kernel_isa": ISA_CHOICES,
             "draft_model_weights": WEIGHT_CHOICES,
+            "stored_weights": STORED_CHOICES,
         }[str(info.field_name)]
         v = v.strip().lower()
         if v not in choices:

@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
+from ..kernels import stored
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ def restricted_projection(project: Callable, ids: np.ndarray, vocab_size: int) -
     if not (has and "weight" in owner and owner["weight"].shape[0] == vocab_size):
         log.warning("restricted head on %s: computed whole, then sliced", type(owner).__name__)
         return lambda h: mx.take(project(h), rows, axis=-1)
+    if stored.lookup(owner["weight"]) is not None:  # the kept rows stay at their stored bits
+        w, keep = stored.take_rows(owner["weight"], ids)
+        bias = owner["bias"][rows] if "bias" in owner else None
+        return KeptRows(w, bias, keep)
     w = owner["weight"][rows]
     bias = owner["bias"][rows] if "bias" in owner else None
     if "scales" in owner:
@@ -132,8 +137,9 @@ class KeptRows:
     """h -> h @ weight.T (+ bias): a projection onto the kept rows, whose `weight` is an
     array of its own (a drafter may give it a bf16 shadow, adaspec/kernels/shadow.py)."""
 
-    def __init__(self, weight: mx.array, bias: mx.array | None):
+    def __init__(self, weight: mx.array, bias: mx.array | None, keep: Any = None):
         self.weight, self.bias = weight, bias
+        self.keep = keep  # what keeps a stored weight readable (kernels/stored.py)
 
     def __call__(self, h: mx.array) -> mx.array:
         y = h @ self.weight.T

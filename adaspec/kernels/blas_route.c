@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -44,6 +45,126 @@ static inline void put(float *c, float s, float alpha, float beta) {
 }
 
 #define KEEP_M 4 /* rows above which the kernel holds B in registers (small_m.h) */
+
+/* ---- stored types: GGML's type ids (a weight read at its stored bits, blocks.h) -------- */
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12,
+       T_Q6_K = 14, T_BF16 = 30 };
+
+/* elements and bytes per block of a stored type (0: not a stored type) */
+static int block_elems(int type) {
+  switch (type) {
+    case T_F16: case T_BF16: return 1;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: return 32;
+    case T_Q4_K: case T_Q6_K: return 256;
+  }
+  return 0;
+}
+static int block_bytes(int type) {
+  switch (type) {
+    case T_F16: case T_BF16: return 2;
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q6_K: return 210;
+  }
+  return 0;
+}
+
+/* IEEE half -> float, exactly (subnormals, infinities and NaNs included) */
+static inline float half_to_float(unsigned short h) {
+  unsigned sign = (unsigned)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
+  if (exp == 31) bits = sign | 0x7F800000u | (man << 13);
+  else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+  else if (!man) bits = sign;
+  else { /* subnormal: normalize */
+    int e = 113;
+    while (!(man & 1024)) man <<= 1, e--;
+    bits = sign | ((unsigned)e << 23) | ((man & 1023) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+static inline float f16(const unsigned char *p) {
+  unsigned short h;
+  __builtin_memcpy(&h, p, 2);
+  return half_to_float(h);
+}
+
+/* Q4_K: the 6-bit scale and min of sub-block s (0..7) from the 12 packed bytes q */
+static inline void q4_k_scale(const unsigned char *q, int s, int *sc, int *mn) {
+  if (s < 4) {
+    *sc = q[s] & 63, *mn = q[s + 4] & 63;
+  } else {
+    *sc = (q[s + 4] & 15) | ((q[s - 4] >> 6) << 4);
+    *mn = (q[s + 4] >> 4) | ((q[s] >> 6) << 4);
+  }
+}
+
+/* The reference: element i of a row, one scalar operation per numpy operation of the gguf
+ * package's dequantization (what the converter writes); the vector loaders in blocks.h
+ * compute the same values W at a time, and tests hold all three equal. */
+static float stored_value(int type, const unsigned char *row, long i) {
+  volatile float t; /* a product rounded on its own before the add, as numpy does */
+  const unsigned char *b;
+  int o = (int)(i & 31), sc, mn;
+  switch (type) {
+    case T_F16: return f16(row + 2 * i);
+    case T_BF16: {
+      unsigned bits = (unsigned)(row[2 * i] | row[2 * i + 1] << 8) << 16;
+      float f;
+      __builtin_memcpy(&f, &bits, 4);
+      return f;
+    }
+    case T_Q8_0: b = row + (i >> 5) * 34; return (float)(signed char)b[2 + o] * f16(b);
+    case T_Q4_0:
+      b = row + (i >> 5) * 18;
+      return f16(b) * (float)(((o < 16 ? b[2 + o] : b[2 + o - 16] >> 4) & 15) - 8);
+    case T_Q4_1:
+      b = row + (i >> 5) * 20;
+      t = f16(b) * (float)((o < 16 ? b[4 + o] : b[4 + o - 16] >> 4) & 15);
+      return t + f16(b + 2);
+    case T_Q5_0: {
+      b = row + (i >> 5) * 22;
+      unsigned qh;
+      __builtin_memcpy(&qh, b + 2, 4);
+      int q = ((o < 16 ? b[6 + o] : b[6 + o - 16] >> 4) & 15) | (int)((qh >> o) & 1) << 4;
+      return f16(b) * (float)(q - 16);
+    }
+    case T_Q4_K: {
+      b = row + (i >> 8) * 144;
+      int e = (int)(i & 255), s = e >> 5;
+      q4_k_scale(b + 4, s, &sc, &mn);
+      float d = f16(b) * (float)sc, dm = f16(b + 2) * (float)mn;
+      t = d * (float)((b[16 + (s >> 1) * 32 + (e & 31)] >> ((s & 1) * 4)) & 15);
+      return t - dm;
+    }
+    case T_Q6_K: {
+      b = row + (i >> 8) * 210;
+      int r = (int)(i & 255), h = r >> 7, r2 = r & 127;
+      int lo = (b[h * 64 + (r2 & 63)] >> ((r2 >> 6) * 4)) & 15;
+      int hi = (b[128 + h * 32 + (r2 & 31)] >> ((r2 >> 5) * 2)) & 3;
+      float d = f16(b + 208) * (float)(signed char)b[192 + (r >> 4)];
+      return d * (float)((lo | hi << 4) - 32);
+    }
+  }
+  return 0.f;
+}
+
+/* a thread's scratch tile of n floats (kept and grown; 0 when out of memory) */
+static float *scratch_tile(long n) {
+  static __thread float *tile;
+  static __thread long have;
+  if (n > have) {
+    free(tile);
+    tile = aligned_alloc(64, ((n * 4 + 63) / 64) * 64);
+    have = tile ? n : 0;
+  }
+  return tile;
+}
 
 static inline float dot_tail(const float *a, const float *b, int k, int K) {
   float s = 0.f;
@@ -104,6 +225,30 @@ static inline __m256 load8hn(const unsigned short *p, int n) {
 #define VLOADBN(p, n) load8hn(p, n)
 #define FN(name) name##_avx2_bf16
 #include "small_m.h"
+
+#define VI __m256i
+#define VLOAD_U8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define VLOAD_I8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define VAND(v, c) _mm256_and_si256(v, _mm256_set1_epi32(c))
+#define VOR(a, b) _mm256_or_si256(a, b)
+#define VSRL(v, n) _mm256_srl_epi32(v, _mm_cvtsi32_si128(n))
+#define VSLL(v, n) _mm256_sll_epi32(v, _mm_cvtsi32_si128(n))
+#define VSRLV(v, n) _mm256_srlv_epi32(v, n)
+#define VSUB_I(v, c) _mm256_sub_epi32(v, _mm256_set1_epi32(c))
+#define VADD_I(v, c) _mm256_add_epi32(v, _mm256_set1_epi32(c))
+#define VSET1_I(x) _mm256_set1_epi32(x)
+#define VLANES() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+#define VCVT(v) _mm256_cvtepi32_ps(v)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VSET1(x) _mm256_set1_ps(x)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VLOAD_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOADB_BF16(p) load8h(p)
+#define QFN(name) name##_avx2_q
+#define FP32FN(name) name##_avx2
+#include "blocks.h"
 #undef W
 #undef MR
 #undef NR
@@ -114,6 +259,26 @@ static inline __m256 load8hn(const unsigned short *p, int n) {
 #undef VFMA
 #undef VHSUM
 #undef VKEEP
+#undef VI
+#undef VLOAD_U8
+#undef VLOAD_I8
+#undef VAND
+#undef VOR
+#undef VSRL
+#undef VSLL
+#undef VSRLV
+#undef VSUB_I
+#undef VADD_I
+#undef VSET1_I
+#undef VLANES
+#undef VCVT
+#undef VMUL
+#undef VADD
+#undef VSUB
+#undef VSET1
+#undef VSTORE
+#undef VLOAD_F16
+#undef VLOADB_BF16
 
 /* ---- 16 lanes: AVX-512 F, tiles of 4 x 4 (21 of the 32 registers) --------------------- */
 
@@ -164,6 +329,30 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
 #define VLOADBN(p, n) load16hn(p, n)
 #define FN(name) name##_avx512_bf16
 #include "small_m.h"
+
+#define VI __m512i
+#define VLOAD_U8(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define VLOAD_I8(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define VAND(v, c) _mm512_and_si512(v, _mm512_set1_epi32(c))
+#define VOR(a, b) _mm512_or_si512(a, b)
+#define VSRL(v, n) _mm512_srl_epi32(v, _mm_cvtsi32_si128(n))
+#define VSLL(v, n) _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
+#define VSRLV(v, n) _mm512_srlv_epi32(v, n)
+#define VSUB_I(v, c) _mm512_sub_epi32(v, _mm512_set1_epi32(c))
+#define VADD_I(v, c) _mm512_add_epi32(v, _mm512_set1_epi32(c))
+#define VSET1_I(x) _mm512_set1_epi32(x)
+#define VLANES() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#define VCVT(v) _mm512_cvtepi32_ps(v)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VSET1(x) _mm512_set1_ps(x)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VLOADB_BF16(p) load16h(p)
+#define QFN(name) name##_avx512_q
+#define FP32FN(name) name##_avx512
+#include "blocks.h"
 #endif
 
 #if defined(__clang__)
@@ -204,9 +393,14 @@ typedef void (*part_fn)(int, int, int, float, const float *, int, const float *,
                         float *, int);
 typedef void (*part16_fn)(int, int, int, float, const float *, int, const unsigned short *, int,
                           float, float *, int);
+typedef void (*blocks_fn)(int, int, int, float, const float *, int, const unsigned char *, int,
+                          long, float, float *, int);
+typedef void (*row_fn)(int, const unsigned char *, float *, int);
 enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 static part_fn kernel_part = part_avx2;
 static part16_fn kernel_part16 = part_avx2_bf16;
+static blocks_fn kernel_blocks = part_blocks_avx2_q;
+static row_fn kernel_row = dequant_row_avx2_q;
 static int isa = ISA_AVX2;
 
 /* the kernel for an instruction set: 0 = the best this CPU has, 1 = AVX2, 2 = AVX-512, -1 =
@@ -224,6 +418,8 @@ int adaspec_kernel_isa(int want) {
 #ifdef HAVE_AVX512
   kernel_part = want == ISA_AVX512 ? part_avx512 : part_avx2;
   kernel_part16 = want == ISA_AVX512 ? part_avx512_bf16 : part_avx2_bf16;
+  kernel_blocks = want == ISA_AVX512 ? part_blocks_avx512_q : part_blocks_avx2_q;
+  kernel_row = want == ISA_AVX512 ? dequant_row_avx512_q : dequant_row_avx2_q;
 #endif
   isa = want;
   return isa;
@@ -253,15 +449,42 @@ static void kernel_part16(int M, int N, int K, float al, const float *A, int lda
   (void)M, (void)N, (void)K, (void)al, (void)A, (void)lda, (void)B, (void)ldb, (void)be;
   (void)C, (void)ldc; /* never called: without the kernels no shadow is registered */
 }
+static void kernel_blocks(int M, int N, int K, float al, const float *A, int lda,
+                          const unsigned char *B, int type, long row_bytes, float be, float *C,
+                          int ldc) {
+  (void)M, (void)N, (void)K, (void)al, (void)A, (void)lda, (void)B, (void)type;
+  (void)row_bytes, (void)be, (void)C, (void)ldc; /* never called: no blocks are registered */
+}
+static void kernel_row(int type, const unsigned char *row, float *out, int K) {
+  for (int e = 0; e < K; e++) out[e] = stored_value(type, row, e);
+}
 #endif
 
-/* one thread's share of a GEMM whose B is fp32 (Bh 0) or has a bf16 shadow Bh */
+/* Where a GEMM reads B from: the fp32 array itself (type T_F32), or a stand-in registered
+ * for it: a bf16 copy (a drafter's shadow, or a target's bf16 original) read by the bf16
+ * kernel, or stored blocks widened a few rows at a time (blocks.h). */
+typedef struct {
+  int type;
+  const unsigned char *data; /* row 0 of the stand-in */
+  long row_bytes;
+} source_t;
+static const source_t FP32 = {T_F32, 0, 0};
+
+static source_t rows_from(source_t s, int h) { /* the same source from row h on */
+  if (s.type != T_F32) s.data += (long)h * s.row_bytes;
+  return s;
+}
+
+/* one thread's share of a GEMM: all M rows of A against rows [0, N) of B (or its stand-in) */
 static void part_any(int M, int N, int K, float al, const float *A, int lda, const float *B,
-                     const unsigned short *Bh, int ldb, float be, float *C, int ldc) {
-  if (Bh)
-    kernel_part16(M, N, K, al, A, lda, Bh, ldb, be, C, ldc);
-  else
+                     source_t src, int ldb, float be, float *C, int ldc) {
+  if (src.type == T_F32)
     kernel_part(M, N, K, al, A, lda, B, ldb, be, C, ldc);
+  else if (src.type == T_BF16)
+    kernel_part16(M, N, K, al, A, lda, (const unsigned short *)src.data,
+                  (int)(src.row_bytes / 2), be, C, ldc);
+  else
+    kernel_blocks(M, N, K, al, A, lda, src.data, src.type, src.row_bytes, be, C, ldc);
 }
 
 /* ---- two threads: the caller takes the first half of N, one worker the second --------- */
@@ -270,7 +493,7 @@ typedef struct {
   int M, N, K, lda, ldb, ldc;
   float al, be;
   const float *A, *B;
-  const unsigned short *Bh;
+  source_t src;
   float *C;
 } job_t;
 
@@ -320,7 +543,7 @@ static void *worker(void *unused) {
     if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
     int h = split(job.N);
     part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
-             job.Bh ? job.Bh + (long)h * job.ldb : 0, job.ldb, job.be, job.C + h, job.ldc);
+             rows_from(job.src, h), job.ldb, job.be, job.C + h, job.ldc);
     atomic_store_explicit(&finished, s, memory_order_release);
   }
   return 0;
@@ -334,11 +557,11 @@ static void after_fork_in_child(void) {
 }
 
 static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
-                   const unsigned short *Bh, int ldb, float be, float *C, int ldc) {
+                   source_t src, int ldb, float be, float *C, int ldc) {
   /* little work (attention's scores at a short context), or another thread is already
    * using the worker: stay on this thread */
   if ((long)N * K < SPLIT_MIN || N < 12 || atomic_exchange(&busy, 1)) {
-    part_any(M, N, K, al, A, lda, B, Bh, ldb, be, C, ldc);
+    part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
     return;
   }
   if (!worker_started) {
@@ -347,24 +570,24 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
     start_seen = atomic_load(&posted);
     if (pthread_create(&t, 0, worker, 0) != 0) {
       atomic_store(&busy, 0);
-      part_any(M, N, K, al, A, lda, B, Bh, ldb, be, C, ldc);
+      part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
       return;
     }
     pthread_detach(t);
     worker_started = 1;
   }
-  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, Bh, C};
+  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, src, C};
   pthread_mutex_lock(&mu);
   unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
   pthread_cond_signal(&wake);
   pthread_mutex_unlock(&mu);
   int h = split(N);
-  part_any(M, h, K, al, A, lda, B, Bh, ldb, be, C, ldc);
+  part_any(M, h, K, al, A, lda, B, src, ldb, be, C, ldc);
   unsigned expect = s - 1;
   if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
     /* the worker has not started on it: do the second half here rather than wait for it */
-    part_any(M, N - h, K, al, A, lda, B + (long)h * ldb, Bh ? Bh + (long)h * ldb : 0, ldb, be,
-             C + h, ldc);
+    part_any(M, N - h, K, al, A, lda, B + (long)h * ldb, rows_from(src, h), ldb, be, C + h,
+             ldc);
   } else {
     for (long spins = 0; atomic_load_explicit(&finished, memory_order_acquire) != s; spins++) {
       relax();
@@ -374,35 +597,43 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
   atomic_store(&busy, 0);
 }
 
-/* ---- bf16 shadows ----------------------------------------------------------------------
- * A shadow is a bf16 copy of an fp32 weight matrix (a drafter's, never the target's) that the
- * kernel reads in its place: half the bytes to stream for a result within bf16's rounding of
- * the fp32 one. It is found by the address, shape and stride of B in cblas_sgemm; a GEMM on any
- * other B (a view into the matrix, another shape) reads the fp32 data. The caller keeps both
- * arrays alive while the shadow is registered. Writers (add, remove) take a lock; readers
- * (every routed GEMM) find an entry by its address, published last. */
+/* ---- stand-ins -------------------------------------------------------------------------
+ * What the kernel reads in place of an fp32 weight matrix B, found in cblas_sgemm by B's
+ * address, shape and stride:
+ * - a bf16 shadow: a copy of a drafter's fp32 matrix, which still exists. Results differ
+ *   from fp32 by bf16's rounding; any other GEMM (a view, another shape, a prefill) reads
+ *   the fp32 data.
+ * - stored bits (exact): a weight as its file stores it (GGUF blocks, 2-byte floats), whose
+ *   widened values are exactly the fp32 expansion's. No fp32 data lies behind it: the array
+ *   mlx holds is a view of the stored bytes with the matrix's shape (kernels/stored.py), so
+ *   every GEMM on it must come here: up to own_rows rows to the kernel, more (a prefill) to
+ *   the library a tile of widened rows at a time; any other use stops the process with a
+ *   message rather than read past the bytes.
+ * The caller keeps B and its stand-in alive while registered. Writers (add, remove) take a
+ * lock; readers (every GEMM) find an entry by its address, published last. */
 
-#define SHADOW_SLOTS 4096 /* a power of two: ~7 weight matrices per layer of a draft model */
+#define SLOTS 8192 /* a power of two: ~7 weight matrices per layer */
 typedef struct {
   const float *_Atomic w; /* 0: never used; GONE: removed */
-  const unsigned short *h;
-  int n, k, ld;
-} shadow_t;
-static shadow_t shadows[SHADOW_SLOTS];
-static atomic_int n_shadows;
-static atomic_ulong shadow_calls;
-static pthread_mutex_t shadow_mu = PTHREAD_MUTEX_INITIALIZER;
+  const unsigned char *data;
+  int type, n, k, ld, exact;
+  long row_bytes;
+} standin_t;
+static standin_t standins[SLOTS];
+static atomic_int n_standins;
+static atomic_ulong shadow_calls, stored_calls[2]; /* stored: by the kernel, by the library */
+static pthread_mutex_t standin_mu = PTHREAD_MUTEX_INITIALIZER;
 #define GONE ((const float *)1)
 
-static inline unsigned shadow_slot(const float *w) {
-  return (unsigned)((((unsigned long)w >> 6) * 2654435761ul) & (SHADOW_SLOTS - 1));
+static inline unsigned standin_slot(const float *w) {
+  return (unsigned)((((unsigned long)w >> 6) * 2654435761ul) & (SLOTS - 1));
 }
 
 /* w's entry, or 0; with `free`, also the first slot a new entry for w may take (0: none) */
-static shadow_t *shadow_locate(const float *w, shadow_t **free) {
+static standin_t *standin_locate(const float *w, standin_t **free) {
   if (free) *free = 0;
-  for (unsigned i = shadow_slot(w), probe = 0; probe < SHADOW_SLOTS; probe++) {
-    shadow_t *s = &shadows[(i + probe) & (SHADOW_SLOTS - 1)];
+  for (unsigned i = standin_slot(w), probe = 0; probe < SLOTS; probe++) {
+    standin_t *s = &standins[(i + probe) & (SLOTS - 1)];
     const float *at = atomic_load_explicit(&s->w, memory_order_acquire);
     if (at == w) return s;
     if (free && !*free && (at == GONE || !at)) *free = s;
@@ -411,43 +642,114 @@ static shadow_t *shadow_locate(const float *w, shadow_t **free) {
   return 0;
 }
 
-static const unsigned short *shadow_find(const float *b, int n, int k, int ld) {
-  if (!atomic_load_explicit(&n_shadows, memory_order_acquire)) return 0;
-  const shadow_t *s = shadow_locate(b, 0);
-  return s && s->n == n && s->k == k && s->ld == ld ? s->h : 0;
+static const standin_t *standin_find(const float *b) {
+  if (!atomic_load_explicit(&n_standins, memory_order_acquire)) return 0;
+  return standin_locate(b, 0);
 }
 
-/* register h (n rows of k bf16 values, ld apart) as the shadow of w: 1 done, 0 the table is
- * full, -1 w already has one, -2 without the kernels (nothing would read it) */
-int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned short *h) {
+static int standin_put(standin_t e) {
   if (!HAVE_KERNEL) return -2;
-  pthread_mutex_lock(&shadow_mu);
-  shadow_t *slot, *found = shadow_locate(w, &slot);
+  pthread_mutex_lock(&standin_mu);
+  standin_t *slot, *found = standin_locate(e.w, &slot);
   int rc = found ? -1 : 0;
-  if (!found && slot && atomic_load(&n_shadows) < SHADOW_SLOTS / 2) {
-    slot->h = h, slot->n = n, slot->k = k, slot->ld = ld;
+  if (!found && slot && atomic_load(&n_standins) < SLOTS / 2) {
+    const float *w = e.w;
+    e.w = 0;
+    *slot = e;
     atomic_store_explicit(&slot->w, w, memory_order_release);
-    atomic_fetch_add(&n_shadows, 1);
+    atomic_fetch_add(&n_standins, 1);
     rc = 1;
   }
-  pthread_mutex_unlock(&shadow_mu);
+  pthread_mutex_unlock(&standin_mu);
   return rc;
 }
 
-/* unregister w's shadow: 1 done, 0 it had none */
+/* register h (n rows of k bf16 values, ld apart) as the shadow of fp32 matrix w: 1 done,
+ * 0 the table is full, -1 w already has a stand-in, -2 without the kernels (nothing would
+ * read it) */
+int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned short *h) {
+  return standin_put((standin_t){w, (const unsigned char *)h, T_BF16, n, k, ld, 0, 2L * ld});
+}
+
+/* register the n x k matrix stored at w as `type` (a GGML type id): rows of k / block
+ * elements blocks, one after the other. Returns as adaspec_shadow_add, and -3 for a type
+ * it cannot read or a k that is not a multiple of 32. */
+int adaspec_stored_add(const float *w, int type, int n, int k) {
+  int elems = block_elems(type);
+  if (!elems || k <= 0 || k % 32 || n <= 0) return -3;
+  long row_bytes = (long)(k / elems) * block_bytes(type);
+  return standin_put((standin_t){w, (const unsigned char *)w, type, n, k, k, 1, row_bytes});
+}
+
+/* unregister w's stand-in: 1 done, 0 it had none */
 int adaspec_shadow_remove(const float *w) {
-  pthread_mutex_lock(&shadow_mu);
-  shadow_t *s = shadow_locate(w, 0);
+  pthread_mutex_lock(&standin_mu);
+  standin_t *s = standin_locate(w, 0);
   if (s) {
     atomic_store_explicit(&s->w, GONE, memory_order_release);
-    atomic_fetch_sub(&n_shadows, 1);
+    atomic_fetch_sub(&n_standins, 1);
   }
-  pthread_mutex_unlock(&shadow_mu);
+  pthread_mutex_unlock(&standin_mu);
   return s != 0;
 }
 
-/* routed GEMMs that read a shadow so far */
+/* routed GEMMs that read a bf16 shadow so far */
 unsigned long adaspec_shadow_calls(void) { return atomic_load(&shadow_calls); }
+
+/* GEMMs that read stored bits: out[0] by the kernel, out[1] by the library (prefill) */
+void adaspec_stored_calls(unsigned long *out) {
+  out[0] = atomic_load(&stored_calls[0]);
+  out[1] = atomic_load(&stored_calls[1]);
+}
+
+/* the fp32 values of `rows` rows of k elements stored as `type`, row_bytes apart:
+ * vector 0 = the reference (one scalar operation per numpy operation), 1 = the kernel's */
+void adaspec_stored_values(int vector, int type, const unsigned char *src, int rows, int k,
+                           long row_bytes, float *out) {
+  for (int r = 0; r < rows; r++)
+    if (vector)
+      kernel_row(type, src + (long)r * row_bytes, out + (long)r * k, k);
+    else
+      for (int e = 0; e < k; e++) out[(long)r * k + e] = stored_value(type, src + (long)r * row_bytes, e);
+}
+
+#define WIDE_WHOLE (1L << 25) /* floats: B widened whole for the library up to this size */
+#define WIDE_TILE (1L << 22)  /* floats of widened rows per library call beyond it */
+#define KEEP_SCRATCH (1L << 24) /* floats of a wide scratch kept for the next call */
+
+/* a GEMM of more rows than the kernel takes (a prefill) on stored B: the library on B's
+ * widened values. The library's sums depend on the shapes it is given (OpenBLAS: a row's
+ * result changes with N and with M), so B is widened whole, and the result is the fp32
+ * expansion's bit for bit, up to WIDE_WHOLE floats (every matrix of the catalogue's models
+ * but the largest output heads); a larger B goes in tiles of rows, within rounding of it. */
+static void wide_stored(int m, int n, int k, float al, const float *a, int lda,
+                        const standin_t *s, float be, float *c, int ldc) {
+  static __thread float *tile;
+  static __thread long have;
+  int per = (long)n * k <= WIDE_WHOLE ? n : (int)(WIDE_TILE / k > 0 ? WIDE_TILE / k : 1);
+  long need = (long)per * k;
+  if (need > have) {
+    free(tile);
+    tile = malloc(need * sizeof(float));
+    have = tile ? need : 0;
+    if (!tile) abort();
+  }
+  for (int n0 = 0; n0 < n; n0 += per) {
+    int nr = n - n0 < per ? n - n0 : per;
+    for (int j = 0; j < nr; j++)
+      kernel_row(s->type, s->data + (long)(n0 + j) * s->row_bytes, tile + (long)j * k, k);
+    wide_sgemm(ROW_MAJOR, NO_TRANS, TRANS, m, nr, k, al, a, lda, tile, k, be, c + n0, ldc);
+  }
+  if (have > KEEP_SCRATCH) free(tile), tile = 0, have = 0;
+}
+
+static void refuse(const standin_t *s, const char *why) {
+  fprintf(stderr,
+          "adaspec: a %dx%d weight read at its stored bits (type %d) was used in a GEMM the "
+          "router cannot serve (%s); set ADASPEC_STORED_WEIGHTS=off to load fp32 weights\n",
+          s->n, s->k, s->type, why);
+  abort();
+}
 
 /* ---- the entry points ------------------------------------------------------------------ */
 
@@ -479,7 +781,7 @@ static inline unsigned long now_ns(void) { /* ~20 ns through the vDSO, per GEMM 
 void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const float *A,
                            int lda, const float *B, int ldb, float beta, float *C, int ldc) {
   if (trans_b)
-    kernel(M, N, K, alpha, A, lda, B, 0, ldb, beta, C, ldc);
+    kernel(M, N, K, alpha, A, lda, B, FP32, ldb, beta, C, ldc);
   else
     rows_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -488,17 +790,37 @@ void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const 
 void adaspec_small_m_sgemm_bf16(int M, int N, int K, float alpha, const float *A, int lda,
                                 const unsigned short *Bh, int ldb, float beta, float *C,
                                 int ldc) {
-  kernel(M, N, K, alpha, A, lda, 0, Bh, ldb, beta, C, ldc);
+  source_t src = {T_BF16, (const unsigned char *)Bh, 2L * ldb};
+  kernel(M, N, K, alpha, A, lda, 0, src, ldb, beta, C, ldc);
+}
+
+/* the kernel on stored B alone, for tests: C = alpha * A B^T + beta * C with B's n x k
+ * values stored as `type` (rows of k elements, one after the other) */
+void adaspec_small_m_sgemm_stored(int M, int N, int K, float alpha, const float *A, int lda,
+                                  const unsigned char *B, int type, float beta, float *C,
+                                  int ldc) {
+  source_t src = {type, B, (long)(K / block_elems(type)) * block_bytes(type)};
+  kernel(M, N, K, alpha, A, lda, 0, src, K, beta, C, ldc);
 }
 
 void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a,
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   unsigned long t = now_ns();
   int to = 0;
-  if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS) {
-    const unsigned short *h = shadow_find(b, n, k, ldb);
-    kernel(m, n, k, alpha, a, lda, b, h, ldb, beta, c, ldc);
-    if (h) atomic_fetch_add(&shadow_calls, 1);
+  const standin_t *s = standin_find(b);
+  int plain = order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS;
+  if (s && !(plain && s->n == n && s->k == k && s->ld == ldb)) {
+    if (s->exact) refuse(s, plain ? "another shape or stride" : "a transposed or column-major operand");
+    s = 0; /* a shadow: this GEMM reads the fp32 matrix */
+  }
+  if (s && s->exact && m > own_rows) {
+    to = 1;
+    wide_stored(m, n, k, alpha, a, lda, s, beta, c, ldc);
+    atomic_fetch_add(&stored_calls[1], 1);
+  } else if (m <= own_rows && plain) {
+    source_t src = s ? (source_t){s->type, s->data, s->row_bytes} : FP32;
+    kernel(m, n, k, alpha, a, lda, b, src, ldb, beta, c, ldc);
+    if (s) atomic_fetch_add(s->exact ? &stored_calls[0] : &shadow_calls, 1);
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
     rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

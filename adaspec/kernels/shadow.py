@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import DrafterError
 from ..settings import WEIGHT_CHOICES
-from . import blas
+from . import blas, stored
 
 
 def resolve(weights: str, who: str) -> str:
@@ -99,8 +99,8 @@ class Shadows:
             self, _unregister, router, addresses, self._arrays, self._copies
         )
         for a in arrays:
-            if a.ndim != 2 or a.dtype != mx.float32:
-                continue
+            if a.ndim != 2 or a.dtype != mx.float32 or stored.lookup(a) is not None:
+                continue  # a stored weight is read at its own (fewer) bits already
             mx.eval(a)
             view = _view(a)
             if not view.flags["C_CONTIGUOUS"]:

@@ -185,21 +185,29 @@ def _plan(reader: Any) -> list[tuple[Any, str, list[int]]]:
     return plan
 
 
+def permuted_heads(name: str, config: dict) -> int | None:
+    """llama q/k weights: the head count whose interleaving of rows is undone; else None."""
+    if config["model_type"] != "llama":
+        return None
+    module = name.rsplit(".", 1)[0].split(".", 3)[-1]
+    heads = {"self_attn.q_proj": "num_attention_heads", "self_attn.k_proj": "num_key_value_heads"}
+    return config[heads[module]] if module in heads else None
+
+
 def _dequantized(plan: Iterable[tuple[Any, str, list[int]]], config: dict) -> Iterator[np.ndarray]:
     from gguf import quants
 
-    permute = {}
-    if config["model_type"] == "llama":
-        permute = {
-            "self_attn.q_proj": config["num_attention_heads"],
-            "self_attn.k_proj": config["num_key_value_heads"],
-        }
     for t, name, shape in plan:
         w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        module = name.rsplit(".", 1)[0].split(".", 3)[-1]
-        if module in permute:
-            w = _unpermute(w, permute[module])
-        yield w
+        heads = permuted_heads(name, config)
+        yield w if heads is None else _unpermute(w, heads)
+
+
+def stored_rows(t: Any, name: str, config: dict) -> np.ndarray:
+    """GGUF tensor `t` as stored: rows of blocks (uint8, rows x bytes), in mlx-lm's row order."""
+    raw = np.asarray(t.data).view(np.uint8).reshape(int(t.shape[-1]), -1)
+    heads = permuted_heads(name, config)
+    return raw if heads is None else _unpermute(raw, heads)
 
 
 def _to_bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -234,9 +242,18 @@ def write_safetensors(
         os.fsync(f.fileno())
 
 
-def convert(src: Path, dest: Path, *, dtype: str = "float32", progress: bool = False) -> None:
-    """Write an mlx-lm folder for GGUF file `src` into the existing, empty directory `dest`."""
+STORED_INDEX = "stored.json"
+
+
+def convert(
+    src: Path, dest: Path, *, dtype: str = "float32", progress: bool = False, stored: bool = False
+) -> None:
+    """Write an mlx-lm folder for GGUF file `src` into the existing, empty directory `dest`.
+    With `stored`, the tensors the routed kernel reads as stored (kernels/stored.py) are left
+    out of the weights and listed in stored.json, to be read from `src` at load."""
     from tqdm.auto import tqdm
+
+    from ..kernels.stored import readable
 
     check_dtype(dtype)
     reader = open_reader(Path(src))
@@ -254,6 +271,13 @@ def convert(src: Path, dest: Path, *, dtype: str = "float32", progress: bool = F
     _write_json(dest / "generation_config.json", generation)
     tokenizer.save(str(dest / "tokenizer.json"))
     _write_json(dest / "tokenizer_config.json", tok_config)
+    if stored:
+        kept = [p for p in plan if readable(p[0].tensor_type.name, tuple(p[2]))]
+        index = [{"name": n, "tensor": t.name, "type": t.tensor_type.name, "shape": s}
+                 for t, n, s in kept]  # fmt: skip
+        _write_json(dest / STORED_INDEX, {"tensors": index})
+        names = {n for _, n, _ in kept}
+        plan = [p for p in plan if p[1] not in names]
     bar = tqdm(plan, desc=f"convert {Path(src).name}", unit="tensor", disable=not progress)
     arrays = _dequantized(bar, config)
     write_safetensors(

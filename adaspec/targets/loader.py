@@ -36,7 +36,15 @@ def load(
     """(model, TokenizerWrapper) for an mlx-lm folder / HF id, a .gguf file or a catalogue name."""
     import mlx_lm
 
+    from . import stored_model
+
     settings = settings or get_settings()
+    if dtype in (None, DEFAULT_DTYPE) and stored_model.enabled(settings):
+        source = gguf_source(path_or_name, settings)
+        if source is not None:
+            src, sha = source
+            entry = converted(src, settings=settings, sha256=sha, stored=True)
+            return stored_model.load(entry, src)
     target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
     try:
         model, tokenizer = mlx_lm.load(target)
@@ -84,6 +92,19 @@ def resolve(
     )
 
 
+def gguf_source(
+    path_or_name: str | os.PathLike[str], settings: Settings
+) -> tuple[Path, str | None] | None:
+    """(GGUF file, its known sha256) for a catalogue name or a .gguf path; None otherwise."""
+    name = os.fspath(path_or_name)
+    if name in catalogue.ENTRIES:
+        return catalogue.require(name, settings), catalogue.entry(name).sha256
+    p = Path(name).expanduser()
+    if p.suffix.lower() == ".gguf" or (p.is_file() and _is_gguf(p)):
+        return p, None
+    return None
+
+
 def _is_gguf(p: Path) -> bool:
     from .gguf import MAGIC
 
@@ -97,7 +118,8 @@ def _looks_like_hf_id(name: str) -> bool:
 
 
 def cache_key(src: Path, dtype: str, sha256: str | None = None) -> str:
-    """Entry name: file stem, dtype and a hash of the file's identity (content hash if known)."""
+    """Entry name: file stem, dtype ("stored" for a stored entry) and a hash of the file's
+    identity (content hash if known)."""
     if sha256 is None:
         st = src.stat()
         sha256 = f"{src.resolve()}|{st.st_size}|{st.st_mtime_ns}"
@@ -112,15 +134,17 @@ def converted(
     settings: Settings | None = None,
     sha256: str | None = None,
     progress: bool = True,
+    stored: bool = False,
 ) -> Path:
-    """The cache folder holding GGUF `src` converted to `dtype`, building it if absent or bad."""
+    """The cache folder holding GGUF `src` converted to `dtype` (with `stored`, its stored
+    matrices left in the GGUF file), building it if absent or bad."""
     from .gguf import check_dtype, check_file
 
     dtype = check_dtype(dtype or DEFAULT_DTYPE)
     src = Path(src).expanduser()
     check_file(src)  # missing / not GGUF: fail before touching the cache
     root = (settings or get_settings()).cache / "models"
-    entry = root / cache_key(src, dtype, sha256)
+    entry = root / cache_key(src, "stored" if stored else dtype, sha256)
     problem = verify_entry(entry)
     if problem is None:
         log.info("using cached conversion %s", entry)
@@ -129,7 +153,7 @@ def converted(
         log.warning("cache entry %s is unusable (%s); rebuilding it", entry, problem)
     if sha256 is not None:
         _check_sha256(src, sha256)
-    return _build(src, entry, dtype, progress)
+    return _build(src, entry, dtype, progress, stored)
 
 
 def _check_sha256(src: Path, expected: str) -> None:
@@ -138,14 +162,14 @@ def _check_sha256(src: Path, expected: str) -> None:
         raise ModelLoadError(f"{src} has sha256 {got}, expected {expected}; the file is corrupt")
 
 
-def _build(src: Path, entry: Path, dtype: str, progress: bool) -> Path:
+def _build(src: Path, entry: Path, dtype: str, progress: bool, stored: bool = False) -> Path:
     from .gguf import convert
 
     entry.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(entry)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.{os.getpid()}.", dir=entry.parent))
     try:
-        convert(src, tmp, dtype=dtype, progress=progress)
+        convert(src, tmp, dtype=dtype, progress=progress, stored=stored)
         _write_manifest(tmp, src, dtype)
         # Another process may have finished the same entry meanwhile: keep theirs.
         if verify_entry(entry) is not None:
