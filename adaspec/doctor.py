@@ -117,6 +117,7 @@ def forward_times(
         **ms,
         "verify_cost_ratio": ratio,
         "weight_bytes": nbytes,
+        "fp32_weight_bytes": 4 * elements,
         "per_size": per_size,
     }
 
@@ -204,6 +205,12 @@ def format_report(d: dict[str, Any]) -> str:
         m = d["model"]
         lines += [
             f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
+            f"weights       {m['weight_bytes'] / 1e6:.0f} MB streamed per token "
+            + (
+                "(fp32)"
+                if m["weight_bytes"] == m["fp32_weight_bytes"]
+                else f"at their stored bits ({m['fp32_weight_bytes'] / 1e6:.0f} MB as fp32)"
+            ),
             f"forward       warm medians at context {m['context']}, ratio to 1 token; GFLOP/s of "
             "the weight matmuls, GB/s of weights read",
             f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "

@@ -21,6 +21,7 @@ import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
 from adaspec.kernels import blas, roofline, shadow
+from adaspec.settings import from_env
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
 
@@ -32,13 +33,22 @@ def main() -> None:
     p.add_argument("--sizes", default=",".join(map(str, doctor.SIZES)))
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--weights", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument(
+        "--stored",
+        choices=("auto", "on", "off"),
+        default=None,
+        help="GGUF weights at their stored bits, or expanded to fp32 (ADASPEC_STORED_WEIGHTS)",
+    )
     p.add_argument("--json", default=None, help="write the numbers here")
     a = p.parse_args()
     sizes = tuple(int(s) for s in a.sizes.split(","))
     if 1 not in sizes:
         p.error(f"--sizes {a.sizes}: must include 1 (the ratios are to a 1-token step)")
     doctor.SIZES = sizes
-    model, _ = load(a.model)
+    env = {"ADASPEC_STORED_WEIGHTS": a.stored} if a.stored else {}
+    settings = from_env({**os.environ, **env})
+    model, _ = load(a.model, settings=settings)
+    stored_mb = model.adaspec_stored.nbytes / 1e6 if hasattr(model, "adaspec_stored") else 0
     shadows = shadow.shadow_model(model) if a.weights == "bf16" else None
     limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
     times = doctor.forward_times(model, repeats=a.repeats, context=a.context)
@@ -46,7 +56,8 @@ def main() -> None:
     stream_ms = times["weight_bytes"] / limits.read_gbs / 1e6
     print(
         f"{a.model}, context {a.context}, BLAS {st.kind}, kernel {blas.kernel_isa()}, "
-        f"weights {a.weights}"
+        f"weights {a.weights}, "
+        + (f"stored bits ({stored_mb:.0f} MB)" if stored_mb else "fp32 expansion")
         + (f" ({shadows.count} matrices, {shadows.nbytes / 1e6:.0f} MB of bf16)" if shadows else "")
     )
     print(
@@ -74,6 +85,7 @@ def main() -> None:
             "blas": st.kind,
             "kernel_isa": blas.kernel_isa(),
             "weights": a.weights,
+            "stored_mb": stored_mb,
             "limits": asdict(limits),
             **times,
         }

@@ -15,105 +15,293 @@
  * (8 or 16) divides 32, so a vector never straddles two blocks and K has no tail. */
 
 #define ROUNDED(v) VKEEP(v)
+#define NV (32 / W) /* vectors per 32 elements */
 
-static inline VEC QFN(scaled)(VI q, float d) { /* d * float(q) */
-  return VMUL(VCVT(q), VSET1(d));
+/* the scale at p (an IEEE half) in every lane: F16C widens it exactly, as numpy does */
+static inline VEC QFN(half)(const unsigned char *p) {
+  unsigned short h;
+  __builtin_memcpy(&h, p, 2);
+  return VSET1(_cvtsh_ss(h));
 }
 
-/* W values of a row from element e (a multiple of W) on */
-static inline VEC QFN(q8_0)(const unsigned char *row, int e) {
-  const unsigned char *b = row + (long)(e >> 5) * 34;
-  return QFN(scaled)(VLOAD_I8(b + 2 + (e & 31)), f16(b));
-}
-
-static inline VI QFN(nibbles)(const unsigned char *qs, int o) { /* o < 16: low, else high */
+/* 32 4-bit values from 16 bytes: vector v holds elements v*W.. (low nibbles, then high) */
+static inline VI QFN(nibble)(const unsigned char *qs, int v) {
+  int o = v * W;
   VI q = VLOAD_U8(qs + (o & 15));
-  return VAND(o < 16 ? q : VSRL(q, 4), 15);
+  return o < 16 ? VAND(q, 15) : VSRL(q, 4);
 }
 
-static inline VEC QFN(q4_0)(const unsigned char *row, int e) {
+/* Each decoder widens the 32 values of a row from element e (a multiple of 32) on into NV
+ * vectors; a block's scales are read once for its 32 values. */
+#define DECODER(name) static inline __attribute__((always_inline)) void QFN(dec_##name)(   \
+    const unsigned char *row, int e, VEC *out, __attribute__((unused)) const QFN(scales_t) *sc)
+/* A K-quant's scales, widened once per super-block of 256 values (PREP) for its decoder */
+typedef struct {
+  float mul[16], sub[16];
+} QFN(scales_t);
+#define PREP(name) static inline __attribute__((always_inline)) void QFN(prep_##name)(      \
+    const unsigned char *row, int e, QFN(scales_t) *sc)
+#define NO_PREP(name) PREP(name) { (void)row, (void)e, (void)sc; }
+
+/* Q4_K: d * the 8 6-bit scales and dmin * the 8 6-bit mins of super-block e / 256 (the
+ * packing of q4_k_scale, four bytes at a time) */
+PREP(q4_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 144;
+  unsigned u[3];
+  __builtin_memcpy(u, b + 4, 12);
+  unsigned lo_sc = u[0] & 0x3f3f3f3fu, lo_mn = u[1] & 0x3f3f3f3fu;
+  unsigned hi_sc = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+  unsigned hi_mn = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+  unsigned long scs = lo_sc | (unsigned long)hi_sc << 32, mns = lo_mn | (unsigned long)hi_mn << 32;
+  __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[0] | b[1] << 8)));
+  __m256 dmin = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[2] | b[3] << 8)));
+  __m256 fsc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long)scs)));
+  __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long)mns)));
+  _mm256_storeu_ps(sc->mul, _mm256_mul_ps(d, fsc));
+  _mm256_storeu_ps(sc->sub, _mm256_mul_ps(dmin, fmn));
+}
+
+/* Q6_K: d * the 16 signed 8-bit scales of super-block e / 256 */
+PREP(q6_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 210;
+  __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[208] | b[209] << 8)));
+  for (int h = 0; h < 2; h++) {
+    __m256i s8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192 + 8 * h)));
+    _mm256_storeu_ps(sc->mul + 8 * h, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s8)));
+  }
+}
+NO_PREP(q8_0)
+NO_PREP(q4_0)
+NO_PREP(q4_1)
+NO_PREP(q5_0)
+NO_PREP(f16)
+NO_PREP(bf16)
+
+DECODER(q8_0) {
+  const unsigned char *b = row + (long)(e >> 5) * 34;
+  VEC d = QFN(half)(b);
+  for (int v = 0; v < NV; v++) out[v] = VMUL(VCVT(VLOAD_I8(b + 2 + v * W)), d);
+}
+
+#if W == 16
+/* 16 lanes: a 4-bit type's block has 16 possible values, computed once into a vector (the
+ * same operations on the same operands as per element) and looked up by each element's
+ * nibble (vpermps reads an index's low 4 bits only, so a low nibble needs no mask) */
+static inline VEC QFN(lookup)(const unsigned char *qs, int v, VEC table) {
+  VI q = VLOAD_U8(qs + (v * W & 15));
+  return _mm512_permutexvar_ps(v * W < 16 ? q : VSRL(q, 4), table);
+}
+
+DECODER(q4_0) {
   const unsigned char *b = row + (long)(e >> 5) * 18;
-  return QFN(scaled)(VSUB_I(QFN(nibbles)(b + 2, e & 31), 8), f16(b));
+  VEC table = VMUL(VCVT(VSUB_I(VLANES(), 8)), QFN(half)(b));
+  for (int v = 0; v < NV; v++) out[v] = QFN(lookup)(b + 2, v, table);
 }
 
-static inline VEC QFN(q4_1)(const unsigned char *row, int e) {
+DECODER(q4_1) {
   const unsigned char *b = row + (long)(e >> 5) * 20;
-  VEC v = QFN(scaled)(QFN(nibbles)(b + 4, e & 31), f16(b));
-  ROUNDED(v);
-  return VADD(v, VSET1(f16(b + 2)));
+  VEC t = VMUL(VCVT(VLANES()), QFN(half)(b));
+  ROUNDED(t);
+  VEC table = VADD(t, QFN(half)(b + 2));
+  for (int v = 0; v < NV; v++) out[v] = QFN(lookup)(b + 4, v, table);
 }
 
-static inline VEC QFN(q5_0)(const unsigned char *row, int e) {
+DECODER(q4_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 144;
+  int s = (e & 255) >> 5;
+  VEC t = VMUL(VCVT(VLANES()), VSET1(sc->mul[s]));
+  ROUNDED(t);
+  VEC table = VSUB(t, VSET1(sc->sub[s]));
+  const unsigned char *qs = b + 16 + (s >> 1) * 32;
+  for (int v = 0; v < NV; v++) {
+    VI q = VLOAD_U8(qs + v * W);
+    out[v] = _mm512_permutexvar_ps(s & 1 ? VSRL(q, 4) : q, table);
+  }
+}
+#else
+DECODER(q4_0) {
+  const unsigned char *b = row + (long)(e >> 5) * 18;
+  VEC d = QFN(half)(b);
+  for (int v = 0; v < NV; v++) out[v] = VMUL(VCVT(VSUB_I(QFN(nibble)(b + 2, v), 8)), d);
+}
+
+DECODER(q4_1) {
+  const unsigned char *b = row + (long)(e >> 5) * 20;
+  VEC d = QFN(half)(b), m = QFN(half)(b + 2);
+  for (int v = 0; v < NV; v++) {
+    VEC t = VMUL(VCVT(QFN(nibble)(b + 4, v)), d);
+    ROUNDED(t);
+    out[v] = VADD(t, m);
+  }
+}
+
+DECODER(q4_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 144;
+  int s = (e & 255) >> 5;
+  VEC ds = VSET1(sc->mul[s]), dm = VSET1(sc->sub[s]);
+  const unsigned char *qs = b + 16 + (s >> 1) * 32;
+  for (int v = 0; v < NV; v++) {
+    VI q = VLOAD_U8(qs + v * W);
+    VEC t = VMUL(VCVT(s & 1 ? VSRL(q, 4) : VAND(q, 15)), ds);
+    ROUNDED(t);
+    out[v] = VSUB(t, dm);
+  }
+}
+
+#endif
+
+DECODER(q5_0) {
   const unsigned char *b = row + (long)(e >> 5) * 22;
+  VEC d = QFN(half)(b);
   unsigned qh;
   __builtin_memcpy(&qh, b + 2, 4);
-  VI hi = VAND(VSRLV(VSET1_I((int)qh), VADD_I(VLANES(), e & 31)), 1);
-  VI q = VOR(QFN(nibbles)(b + 6, e & 31), VSLL(hi, 4));
-  return QFN(scaled)(VSUB_I(q, 16), f16(b));
+  VI bits = VSET1_I((int)qh);
+  for (int v = 0; v < NV; v++) {
+    VI hi = VAND(VSRLV(bits, VADD_I(VLANES(), v * W)), 1);
+    out[v] = VMUL(VCVT(VSUB_I(VOR(QFN(nibble)(b + 6, v), VSLL(hi, 4)), 16)), d);
+  }
 }
 
-static inline VEC QFN(q4_k)(const unsigned char *row, int e) {
-  const unsigned char *b = row + (long)(e >> 8) * 144;
-  int s = (e & 255) >> 5, sc, mn;
-  q4_k_scale(b + 4, s, &sc, &mn);
-  float d = f16(b) * (float)sc, dm = f16(b + 2) * (float)mn;
-  VI q = VAND(VSRL(VLOAD_U8(b + 16 + (s >> 1) * 32 + (e & 31)), (s & 1) * 4), 15);
-  VEC v = VMUL(VCVT(q), VSET1(d));
-  ROUNDED(v);
-  return VSUB(v, VSET1(dm));
-}
-
-static inline VEC QFN(q6_k)(const unsigned char *row, int e) {
+#if W == 16
+/* 32 values at once in bytes: 6-bit q = low or high nibble | 2 bits of qh << 4, minus 32,
+ * sign-extended to two vectors of 16 (a scale each) */
+DECODER(q6_k) {
   const unsigned char *b = row + (long)(e >> 8) * 210;
-  int r = e & 255, h = r >> 7, r2 = r & 127;
-  VI lo = VAND(VSRL(VLOAD_U8(b + h * 64 + (r2 & 63)), (r2 >> 6) * 4), 15);
-  VI hi = VAND(VSRL(VLOAD_U8(b + 128 + h * 32 + (r2 & 31)), (r2 >> 5) * 2), 3);
-  float d = f16(b + 208) * (float)(signed char)b[192 + (r >> 4)];
-  return QFN(scaled)(VSUB_I(VOR(lo, VSLL(hi, 4)), 32), d);
+  int r = e & 255, h = r >> 7, r2 = r & 127, s = (r2 >> 5) * 2;
+  __m256i lo = _mm256_loadu_si256((const __m256i *)(b + h * 64 + (r2 & 63)));
+  lo = _mm256_and_si256(r2 & 64 ? _mm256_srli_epi16(lo, 4) : lo, _mm256_set1_epi8(15));
+  __m256i hi = _mm256_loadu_si256((const __m256i *)(b + 128 + h * 32));
+  /* bits s, s+1 of each byte to bits 4, 5 (16-bit shifts: what crosses bytes is masked) */
+  hi = s <= 4 ? _mm256_sll_epi16(hi, _mm_cvtsi32_si128(4 - s)) : _mm256_srli_epi16(hi, 2);
+  hi = _mm256_and_si256(hi, _mm256_set1_epi8(0x30));
+  __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32));
+  out[0] = VMUL(VCVT(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), VSET1(sc->mul[r >> 4]));
+  out[1] = VMUL(VCVT(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))),
+                VSET1(sc->mul[(r >> 4) + 1]));
+}
+#else
+DECODER(q6_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 210;
+  for (int v = 0; v < NV; v++) {
+    int r = (e & 255) + v * W, h = r >> 7, r2 = r & 127;
+    VI lo = VLOAD_U8(b + h * 64 + (r2 & 63));
+    lo = r2 & 64 ? VSRL(lo, 4) : VAND(lo, 15);
+    VI hi = VAND(VSRL(VLOAD_U8(b + 128 + h * 32 + (r2 & 31)), (r2 >> 5) * 2), 3);
+    VEC ds = VSET1(sc->mul[r >> 4]);
+    out[v] = VMUL(VCVT(VSUB_I(VOR(lo, VSLL(hi, 4)), 32)), ds);
+  }
 }
 
-static inline VEC QFN(f16)(const unsigned char *row, int e) {
-  return VLOAD_F16(row + 2L * e);
+#endif
+
+DECODER(f16) {
+  for (int v = 0; v < NV; v++) out[v] = VLOAD_F16(row + 2L * (e + v * W));
 }
 
-static inline VEC QFN(bf16)(const unsigned char *row, int e) {
-  return VLOADB_BF16((const unsigned short *)(row + 2L * e));
+DECODER(bf16) {
+  for (int v = 0; v < NV; v++) out[v] = VLOADB_BF16((const unsigned short *)(row + 2L * (e + v * W)));
 }
+
+/* For each type: its row (all K values into `out`) and its fused tile: rows [0, mr) of A
+ * against rows [0, nr) of B, the values widened in registers and multiplied at once, with
+ * the fp32 tile's sums (lane l adds k = l mod W in increasing k from zero, then VHSUM). */
+#define STORED_TYPE(name)                                                                    \
+  static void QFN(row_##name)(const unsigned char *row, float *out, int K) {                \
+    QFN(scales_t) sc;                                                                       \
+    for (int e = 0; e < K; e += 32) {                                                       \
+      VEC v[NV];                                                                            \
+      if (!(e & 255)) QFN(prep_##name)(row, e, &sc);                                        \
+      QFN(dec_##name)(row, e, v, &sc);                                                      \
+      for (int i = 0; i < NV; i++) VSTORE(out + e + i * W, v[i]);                           \
+    }                                                                                       \
+  }                                                                                         \
+  static inline __attribute__((always_inline)) void QFN(fused_##name)(                      \
+      int mr, int nr, int K, const float *A, long lda, const unsigned char *B, long rb,     \
+      float al, float be, float *C, long ldc) {                                             \
+    VEC acc[MR][NR];                                                                        \
+    for (int i = 0; i < mr; i++)                                                            \
+      for (int j = 0; j < nr; j++) acc[i][j] = VZERO();                                     \
+    QFN(scales_t) sc[NR];                                                                   \
+    for (int e = 0; e < K; e += 32) {                                                       \
+      VEC b[NR][NV];                                                                        \
+      if (!(e & 255))                                                                       \
+        for (int j = 0; j < nr; j++) QFN(prep_##name)(B + j * rb, e, &sc[j]);               \
+      for (int j = 0; j < nr; j++) QFN(dec_##name)(B + j * rb, e, b[j], &sc[j]);           \
+      for (int i = 0; i < mr; i++)                                                          \
+        for (int v = 0; v < NV; v++) {                                                      \
+          VEC a = VLOAD(A + i * lda + e + v * W);                                           \
+          for (int j = 0; j < nr; j++) acc[i][j] = VFMA(a, b[j][v], acc[i][j]);             \
+        }                                                                                   \
+    }                                                                                       \
+    for (int i = 0; i < mr; i++)                                                            \
+      for (int j = 0; j < nr; j++) put(C + i * ldc + j, VHSUM(acc[i][j]), al, be);          \
+  }                                                                                         \
+  static void QFN(fused_any_##name)(int mr, int nr, int K, const float *A, long lda,        \
+                                    const unsigned char *B, long rb, float al, float be,    \
+                                    float *C, long ldc) {                                   \
+    switch (mr * 8 + nr) {                                                                  \
+      FUSED_CASES(name)                                                                     \
+    }                                                                                       \
+  }
+#define FUSED_CASE(name, r, c)                                                              \
+  case (r) * 8 + (c):                                                                       \
+    if ((r) <= MR && (c) <= NR) QFN(fused_##name)(r, c, K, A, lda, B, rb, al, be, C, ldc);  \
+    break;
+#define FUSED_ROW(name, r)                                                                  \
+  FUSED_CASE(name, r, 1) FUSED_CASE(name, r, 2) FUSED_CASE(name, r, 3) FUSED_CASE(name, r, 4)
+#define FUSED_CASES(name)                                                                   \
+  FUSED_ROW(name, 1) FUSED_ROW(name, 2) FUSED_ROW(name, 3) FUSED_ROW(name, 4)
+
+STORED_TYPE(q8_0)
+STORED_TYPE(q4_0)
+STORED_TYPE(q4_1)
+STORED_TYPE(q5_0)
+STORED_TYPE(q4_k)
+STORED_TYPE(q6_k)
+STORED_TYPE(f16)
+STORED_TYPE(bf16)
+
+#define EACH_TYPE(X)                                                                        \
+  X(T_Q8_0, q8_0) X(T_Q4_0, q4_0) X(T_Q4_1, q4_1) X(T_Q5_0, q5_0) X(T_Q4_K, q4_k)            \
+  X(T_Q6_K, q6_k) X(T_F16, f16) X(T_BF16, bf16)
 
 /* the fp32 values of elements [0, K) of a row of `type` */
 static void QFN(dequant_row)(int type, const unsigned char *row, float *out, int K) {
-#define ROW_LOOP(f)                                                                          \
-  for (int e = 0; e < K; e += W) VSTORE(out + e, QFN(f)(row, e));                            \
-  break;
-  switch (type) {
-    case T_Q8_0: ROW_LOOP(q8_0)
-    case T_Q4_0: ROW_LOOP(q4_0)
-    case T_Q4_1: ROW_LOOP(q4_1)
-    case T_Q5_0: ROW_LOOP(q5_0)
-    case T_Q4_K: ROW_LOOP(q4_k)
-    case T_Q6_K: ROW_LOOP(q6_k)
-    case T_F16: ROW_LOOP(f16)
-    case T_BF16: ROW_LOOP(bf16)
-  }
-#undef ROW_LOOP
+#define ROW_CASE(code, name) case code: QFN(row_##name)(row, out, K); break;
+  switch (type) { EACH_TYPE(ROW_CASE) }
+#undef ROW_CASE
 }
 
-/* one thread's share: all M rows of A against rows [0, N) of B stored as `type` */
+/* rows [0, mr) of A (mr <= MR) against rows [0, nr) of stored B, widened in registers */
+static void QFN(fused_tile)(int type, int mr, int nr, int K, const float *A, long lda,
+                            const unsigned char *B, long rb, float al, float be, float *C,
+                            long ldc) {
+#define FUSED_TYPE(code, name) \
+  case code: QFN(fused_any_##name)(mr, nr, K, A, lda, B, rb, al, be, C, ldc); break;
+  switch (type) { EACH_TYPE(FUSED_TYPE) }
+#undef FUSED_TYPE
+}
+
+/* one thread's share: all M rows of A against rows [0, N) of B stored as `type`. Up to MR
+ * rows of A (a decode step, a short verify) the values are widened in registers (the fused
+ * tile); more rows share one widening of NR rows of B into a scratch tile that the fp32
+ * kernel's tile reads for every group of A's rows. */
 static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int lda,
                              const unsigned char *B, int type, long row_bytes, float be,
                              float *C, int ldc) {
-  float *s = scratch_tile(NR * (long)K);
-  if (!s) abort(); /* out of memory for a few rows of floats */
+  float *s = M > MR ? scratch_tile(NR * (long)K) : 0;
+  if (M > MR && !s) abort(); /* out of memory for a few rows of floats */
   FP32FN(ahead_t) none = {0, 0, K, 0, 0};
   for (int n = 0; n < N; n += NR) {
     int nr = N - n < NR ? N - n : NR;
-    for (int j = 0; j < nr; j++) {
-      const unsigned char *row = B + (long)(n + j) * row_bytes;
-      /* the row NR further on, into L2 while this one is widened */
-      if (n + j + NR < N)
-        for (long o = 0; o < row_bytes; o += 64) __builtin_prefetch(row + NR * row_bytes + o, 0, 2);
-      QFN(dequant_row)(type, row, s + (long)j * K, K);
+    const unsigned char *rows = B + (long)n * row_bytes;
+    if (n + NR < N) /* the next rows into L2 while these are multiplied */
+      for (long o = 0; o < NR * row_bytes; o += 64) __builtin_prefetch(rows + NR * row_bytes + o, 0, 2);
+    if (M <= MR) {
+      QFN(fused_tile)(type, M, nr, K, A, lda, rows, row_bytes, al, be, C + n, ldc);
+      continue;
     }
+    for (int j = 0; j < nr; j++) QFN(dequant_row)(type, rows + j * row_bytes, s + (long)j * K, K);
     for (int m = 0; m < M; m += MR)
       FP32FN(tile_any)(M - m < MR ? M - m : MR, nr, K, A + (long)m * lda, lda, s, K, al, be,
                        C + (long)m * ldc + n, ldc, none, M > KEEP_M);
@@ -121,5 +309,6 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
 }
 
 #undef ROUNDED
+#undef NV
 #undef QFN
 #undef FP32FN

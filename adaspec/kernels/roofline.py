@@ -34,8 +34,11 @@ def measure(cache: Path, threads: int = 2, floats: int = 1 << 25) -> Limits:
 
 def weight_traffic(model: Any) -> tuple[int, int]:
     """(bytes of weights one forward streams, their elements): every matrix, except an input
-    embedding that is only gathered (a model with its own lm_head)."""
+    embedding that is only gathered (a model with its own lm_head); a matrix read at its
+    stored bits (kernels/stored.py) counts those bytes, the rest 4 bytes an element."""
     from mlx.utils import tree_flatten
+
+    from .stored import lookup
 
     params = dict(tree_flatten(model.parameters()))
     untied = any(k.endswith("lm_head.weight") for k in params)
@@ -43,7 +46,8 @@ def weight_traffic(model: Any) -> tuple[int, int]:
     for name, p in params.items():
         if p.ndim < 2 or (untied and "embed_tokens" in name):
             continue
-        nbytes += p.nbytes
+        s = lookup(p)
+        nbytes += s.nbytes if s is not None else p.nbytes
         elements += p.size
     return nbytes, elements
 
