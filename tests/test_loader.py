@@ -20,9 +20,19 @@ from adaspec.targets import gguf as g
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
-@pytest.fixture
-def settings(tmp_path):
-    return from_env({}, cache=str(tmp_path / "cache"))
+@pytest.fixture(params=["off", "on"])
+def settings(tmp_path, request):
+    """The cache with GGUF weights expanded to fp32 (off) or kept at their stored bits (on:
+    the entry holds what stays fp32, the rest is read from the GGUF file)."""
+    from adaspec.kernels import stored
+
+    if request.param == "on" and stored.router() is None:
+        pytest.skip("stored weights need the routed kernel")
+    return from_env({"ADASPEC_STORED_WEIGHTS": request.param}, cache=str(tmp_path / "cache"))
+
+
+def _key_kind(settings) -> str:
+    return "stored" if settings.stored_weights == "on" else "float32"
 
 
 @pytest.fixture
@@ -120,7 +130,7 @@ def test_temp_dirs_of_dead_conversions_are_removed(tiny_gguf, settings, count_co
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-    key = loader.cache_key(tiny_gguf.path, "float32")
+    key = loader.cache_key(tiny_gguf.path, _key_kind(settings))
     models = settings.cache / "models"
     stale, live = models / f".{key}.{dead}.abc", models / f".{key}.{os.getpid()}.abc"
     for d in (stale, live):

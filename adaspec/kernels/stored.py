@@ -187,6 +187,13 @@ def lookup(a: Any) -> Stored | None:
     return s if s is not None and s.weight.shape == a.shape else None
 
 
+def dense(a: Any) -> Any:
+    """`a` with its values in memory: a stored weight's fp32 expansion (a new array, for code
+    that reads a weight other than through a GEMM, e.g. training); any other array as it is."""
+    s = lookup(a)
+    return a if s is None else mx.array(values(s.type_name, s.raw, s.k))
+
+
 def take_rows(weight: mx.array, ids: np.ndarray) -> tuple[mx.array, Registry | None]:
     """(weight[ids] as an array of its own, what keeps it readable): for a stored weight the
     kept rows stay stored, registered in a Registry the caller holds as long as it uses them."""

@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from ..drafters.dflash_checkpoint import load_model
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
+from ..kernels import stored
 from ..prompting import prompt_ids
 from ..targets.base import TargetInfo, inner_model, layer_list
 from .objective import TrainingError
@@ -88,10 +89,10 @@ def init_from_target(drafter: DFlashModel, target: Any) -> int:
         theirs = dict(_flat(layer.parameters()))
         for k, v in _flat(drafter.layers[j].parameters()):
             if k in theirs and theirs[k].shape == v.shape:
-                copied.append((f"layers.{j}.{k}", theirs[k].astype(mx.float32)))
+                copied.append((f"layers.{j}.{k}", stored.dense(theirs[k]).astype(mx.float32)))
     norm = getattr(inner_model(target), "norm", None)
     if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
-        copied.append(("norm.weight", norm.weight.astype(mx.float32)))
+        copied.append(("norm.weight", stored.dense(norm.weight).astype(mx.float32)))
     drafter.load_weights(copied, strict=False)
     return len(copied)
 

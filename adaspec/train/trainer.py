@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm import tqdm
 
 from ..drafters.dflash_model import DFlashConfig, DFlashModel
+from ..kernels import stored
 from ..targets.base import embedding_and_head
 from .data import TargetLabels, TrainSeq, load_features, load_labels
 from .loss import block_objective
@@ -61,6 +62,10 @@ class Head:
             index = np.zeros(int(rows.max()) + 1, dtype=np.int32)
             index[rows] = np.arange(len(rows), dtype=np.int32)
             self._index = mx.array(index)
+        elif stored.lookup(getattr(self.project, "__self__", self.project).weight) is not None:
+            # a head at its stored bits serves GEMMs of its own shape only; the loss's gradient
+            # needs its transpose too, so training reads the fp32 expansion
+            self.weight = _head_weight(self.embed, self.project)
 
     def logits(self, h: mx.array) -> mx.array:
         """Logits over the full vocabulary, or over `rows` (in their order)."""
@@ -80,7 +85,7 @@ def _head_weight(embed: Any, project: Any) -> mx.array:
             f"vocab='data' needs an unquantized output projection; {type(owner).__name__} is "
             "quantized or has no weight; accepted: vocab='full' for this target"
         )
-    return owner.weight.astype(mx.float32)
+    return stored.dense(owner.weight).astype(mx.float32)
 
 
 def data_vocab(labels: Sequence[TargetLabels], soft: bool) -> np.ndarray:
