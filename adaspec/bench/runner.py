@@ -3,6 +3,7 @@ decoding), interleaved per prompt in one process."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,9 @@ def bench_prompt(
         "acceptance_by_position": s.get("acceptance_by_position", []),
         "floored_fraction": s.get("floored_fraction", 0.0),
         "identical": ref == got,
+        # the AR output's fingerprint: runs under other settings (e.g. the fp32 expansion of
+        # a GGUF model) can be checked for the same tokens
+        "ar_tokens_sha1": hashlib.sha1(repr(list(ref)).encode()).hexdigest()[:16],
         "first_divergence": diverge if ref != got else None,
         "repeats": repeats,
     }
