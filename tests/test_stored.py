@@ -190,6 +190,17 @@ def test_a_restricted_head_keeps_its_rows_stored(tiny_models):
     assert same_bits(outs[0], outs[1])
 
 
+def test_dense_gives_the_expansions_values(tiny_models):
+    on, off, _ = tiny_models[("llama", "Q4_1")]
+    for name in ("mlp.down_proj", "self_attn.q_proj"):  # q: rows reordered from llama.cpp's
+        w_on = on.model.layers[1][name.split(".")[0]][name.split(".")[1]].weight
+        w_off = off.model.layers[1][name.split(".")[0]][name.split(".")[1]].weight
+        assert stored.lookup(w_on) is not None and stored.lookup(w_off) is None
+        assert same_bits(np.array(stored.dense(w_on)), np.array(w_off)), name
+    table = on.model.embed_tokens.weight
+    assert same_bits(np.array(stored.dense(table)), np.array(off.model.embed_tokens.weight))
+
+
 def test_a_gemm_the_router_cannot_serve_stops_with_a_message(tmp_path):
     """A view of a stored weight with another shape would read past its bytes: refused."""
     tiny = write_tiny_gguf(tmp_path / "t.gguf", "qwen2", "Q8_0", tied=False)

@@ -123,6 +123,7 @@ def _unregister(lib: Any, addresses: list[int], *keep: Any) -> None:
     mx.synchronize()
     for addr in addresses:
         lib.adaspec_shadow_remove(ctypes.c_void_p(addr))
+        _BY_ADDRESS.pop(addr, None)
 
 
 class Registry:
