@@ -48,9 +48,14 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 
 def load_model(name: str):
+    """(model, tokenizer), the model's attention on the vectorized softmax (kernels/attention.py):
+    mlx-lm's own generate in this process then takes the same path as adaspec"""
+    from ..kernels import attention
     from ..targets.loader import load
 
-    return load(name)
+    model, tokenizer = load(name)
+    attention.install(model)
+    return model, tokenizer
 
 
 def drafter_spec(args: argparse.Namespace, model, tokenizer) -> str:
