@@ -142,13 +142,13 @@ def _limits(settings: Settings) -> dict[str, Any]:
 
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
-    from .kernels import attention
+    from .kernels import fast_ops
     from .targets.loader import load
 
     t = time.perf_counter()
     model, _ = load(name, settings=settings)
     load_s = time.perf_counter() - t
-    attention.install(model)
+    fast_ops.install(model)
     long = forward_times(model, repeats=repeats, context=LONG_CONTEXT, sizes=LONG_SIZES)
     return {
         "name": name,

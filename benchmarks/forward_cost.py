@@ -20,7 +20,7 @@ from datetime import date
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
-from adaspec.kernels import attention, blas, roofline, shadow
+from adaspec.kernels import blas, fast_ops, roofline, shadow
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
 
@@ -39,7 +39,7 @@ def main() -> None:
         p.error(f"--sizes {a.sizes}: must include 1 (the ratios are to a 1-token step)")
     doctor.SIZES = sizes
     model, _ = load(a.model)
-    attention.install(model)
+    fast_ops.install(model)
     shadows = shadow.shadow_model(model) if a.weights == "bf16" else None
     limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
     times = doctor.forward_times(model, repeats=a.repeats, context=a.context)

@@ -48,13 +48,13 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 
 def load_model(name: str):
-    """(model, tokenizer), the model's attention on the vectorized softmax (kernels/attention.py):
-    mlx-lm's own generate in this process then takes the same path as adaspec"""
-    from ..kernels import attention
+    """(model, tokenizer), on the CPU fast paths (kernels/fast_ops.py, stock mlx's bits):
+    mlx-lm's own generate on this model then takes the same path as adaspec"""
+    from ..kernels import fast_ops
     from ..targets.loader import load
 
     model, tokenizer = load(name)
-    attention.install(model)
+    fast_ops.install(model)
     return model, tokenizer
 
 

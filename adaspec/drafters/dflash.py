@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
+from ..kernels import fast_ops
 from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head
@@ -323,6 +324,7 @@ def shared_model(
         entry = _MODELS.get(key)
         if entry is None:
             model = load_model(folder, info)
+            fast_ops.install(model)  # CPU fast paths, stock mlx's bits (kernels/fast_ops.py)
             entry = (model, shadow_model(model) if weights == "bf16" else None)
             while len(_MODELS) >= MODELS_KEPT:
                 _MODELS.pop(next(iter(_MODELS)))
