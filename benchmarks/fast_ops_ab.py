@@ -79,7 +79,7 @@ def main() -> None:
     a = p.parse_args()
     if "1" not in a.sizes.split(","):
         p.error(f"--sizes {a.sizes}: must include 1")
-    result = {}
+    result: dict = {"load_average_before": os.getloadavg()[0]}
     for context in (int(c) for c in a.contexts.split(",")):
         runs: dict[bool, list[dict]] = {False: [], True: []}
         for _ in range(a.rounds):
@@ -92,6 +92,8 @@ def main() -> None:
             "on": on,
             "runs": {"off": runs[False], "on": runs[True]},
         }
+    result["load_average_after"] = os.getloadavg()[0]
+    print(f"load average {result['load_average_before']:.1f} -> {result['load_average_after']:.1f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"model": a.model, **result}, indent=1))
 

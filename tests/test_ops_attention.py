@@ -86,6 +86,12 @@ def test_sdpa_equals_mlx_fast_sdpa_bit_for_bit(heads, kv_heads, q_len, k_len, ma
     assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=m), ref)
 
 
+def test_small_calls_stay_on_mlx() -> None:
+    q, k, v = _qkv(1, 4, 2, 1, attention.MIN_SCORES - 1, seed=2)
+    assert not attention.pays(q, k)
+    assert attention.pays(q, mx.concatenate([k, k[:, :, :1]], axis=2))
+
+
 def test_mlx_lm_entry_point_falls_back_where_it_does_not_apply() -> None:
     q, k, v = _qkv(1, 4, 2, 3, 10, seed=1)
     half = [a.astype(mx.float16) for a in (q, k, v)]
@@ -110,7 +116,8 @@ def test_install_routes_a_model_and_keeps_its_logits(arch) -> None:
 
     model = tiny_model(arch)
     module = sys.modules[type(model).__module__]
-    tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
+    tokens = mx.arange(40)[None] * 7 % 250  # 40 x 40 scores: past attention.MIN_SCORES
+    assert attention.pays(tokens[:, :, None], tokens[:, :, None])
     module.scaled_dot_product_attention = base.scaled_dot_product_attention  # as if never routed
     ref = model(tokens)
     try:

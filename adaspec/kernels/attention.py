@@ -81,6 +81,15 @@ def sdpa(
     return mx.flatten(out, 1, 2) if rep > 1 else out
 
 
+# below this many scores per head (query rows x keys) mlx's one softmax op beats four cheaper
+# ones (benchmarks/attention_ab.py); both give the same bits, so the choice is speed alone
+MIN_SCORES = 128
+
+
+def pays(queries: mx.array, keys: mx.array) -> bool:
+    return queries.shape[-2] * keys.shape[-2] >= MIN_SCORES
+
+
 def handles(queries: mx.array, keys: mx.array, values: mx.array, mask: Any) -> bool:
     """Whether `sdpa` covers this call (else mlx's own kernel runs): fp32, rank 4, CPU,
     and a mask it knows."""
@@ -103,7 +112,12 @@ def scaled_dot_product_attention(
     sinks: mx.array | None = None,
 ) -> mx.array:
     """mlx_lm.models.base.scaled_dot_product_attention, running `sdpa` where it applies."""
-    if sinks is None and not hasattr(cache, "bits") and handles(queries, keys, values, mask):
+    if (
+        sinks is None
+        and not hasattr(cache, "bits")
+        and pays(queries, keys)
+        and handles(queries, keys, values, mask)
+    ):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
     return _original()(queries, keys, values, cache, scale, mask, sinks)
 
@@ -118,7 +132,7 @@ def fast_sdpa(
 ) -> mx.array:
     """mx.fast.scaled_dot_product_attention, running `sdpa` where `enabled()` and it applies
     (for models of our own, such as the DFlash drafter)."""
-    if enabled() and handles(queries, keys, values, mask):
+    if enabled() and pays(queries, keys) and handles(queries, keys, values, mask):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
