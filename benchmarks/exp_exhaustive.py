@@ -3,7 +3,7 @@ stock mlx's, bit for bit (docs/fast_ops.md, "Exhaustive exp check").
 
     python benchmarks/exp_exhaustive.py [--chunk-bits 24] [--json docs/results/exp-exhaustive.json]
 
-Ours: the softmax kernel of adaspec/kernels/attention.py, `exp(x - m)` compiled by mlx's JIT
+Ours: the softmax kernel of adaspec/kernels/softmax.py, `exp(x - m)` compiled by mlx's JIT
 through the wrapper (AVX/FMA lanes). Stock: mlx's own ops `x - m` then `mx.exp` (libmlx, one
 element at a time, `fmaf` calls), which is the arithmetic of softmax.cpp. With m = 0, the
 subtraction changes nothing but signalling NaNs (quieted alike on both sides). Every bit of every
@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from adaspec.kernels import attention, jit
+from adaspec.kernels import jit, softmax
 
 
 def cpu_model() -> str:
@@ -38,7 +38,7 @@ def compare(chunk_bits: int) -> dict:
     for start in tqdm(range(0, 1 << 32, size), unit="chunk", desc="exp"):
         x = mx.array(np.arange(start, start + size, dtype=np.uint64).astype(np.uint32))
         x = x.view(mx.float32)
-        ours = attention._exp_shifted(x, zero).view(mx.uint32)
+        ours = softmax.exp_shifted(x, zero).view(mx.uint32)
         stock = mx.exp(x - zero).view(mx.uint32)
         bad = int(mx.sum(ours != stock).item())
         if bad and first is None:

@@ -11,7 +11,7 @@ Shapes default to SmolLM2-135M's (hidden 576, 9 heads of 64, 3 kv heads, interme
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 from adaspec import doctor
-from adaspec.kernels import attention
+from adaspec.kernels import attention, softmax
 from adaspec.kernels import layers as twins
 
 import mlx.core as mx
@@ -76,7 +76,7 @@ def fast_ops(m: int, n_layers: int, context: int, arrays, mask) -> dict[str, flo
                 [sdpa(q, k, v, scale=HD**-0.5, mask=mask) for q, k, v in zip(qs, ks, vs)]
             )
         ),
-        "of it, softmax fast": _ms(lambda: mx.eval([attention.softmax(s) for s in scores])),
+        "of it, softmax fast": _ms(lambda: mx.eval([softmax.softmax(s) for s in scores])),
         "rope q, k fast": _ms(
             lambda: mx.eval(
                 [rope(q, offset=context) for q in qs]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 # isort: on
-from adaspec.kernels import attention
+from adaspec.kernels import attention, softmax
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:
@@ -27,19 +27,32 @@ SPECIAL = st.sampled_from([0.0, -0.0, float("inf"), -float("inf"), float("nan"),
     seed=st.integers(0, 2**31 - 1),
     special=st.lists(st.tuples(st.integers(0, 10**6), SPECIAL), max_size=4),
 )
-def test_softmax_equals_mlx_softmax_bit_for_bit(rows, cols, scale, seed, special) -> None:
+def test_softmax_and_logsumexp_equal_mlx_bit_for_bit(rows, cols, scale, seed, special) -> None:
     x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * scale
     for pos, value in special:
         x.flat[pos % x.size] = value
     s = mx.array(x)
-    assert same_bits(attention.softmax(s), mx.softmax(s, axis=-1, precise=True))
+    assert same_bits(softmax.softmax(s), mx.softmax(s, axis=-1, precise=True))
+    assert same_bits(softmax.logsumexp(s), mx.logsumexp(s, axis=-1, keepdims=True))
+
+
+def test_logsumexp_over_a_vocabulary() -> None:
+    """the shape the policy uses: a few rows of logits over a 49,152-token vocabulary"""
+    logits = mx.random.normal((1, 16, 49152), key=mx.random.key(3)) * 8
+    ref = mx.logsumexp(logits, axis=-1, keepdims=True)
+    assert same_bits(softmax.logsumexp(logits), ref)
+    assert same_bits(softmax.fast_logsumexp(logits), ref)
+    half = logits.astype(mx.float16)
+    out, ref16 = softmax.fast_logsumexp(half), mx.logsumexp(half, axis=-1, keepdims=True)
+    assert np.array_equal(np.array(out).view(np.uint16), np.array(ref16).view(np.uint16))
 
 
 def test_softmax_of_masked_rows() -> None:
     x = mx.full((3, 50), mx.finfo(mx.float32).min)  # every position masked by `where`
     x[1, :3] = mx.array([1.0, 2.0, 3.0])
     x[2] = -float("inf")  # an additive -inf mask over a whole row: NaN in both
-    assert same_bits(attention.softmax(x), mx.softmax(x, axis=-1, precise=True))
+    assert same_bits(softmax.softmax(x), mx.softmax(x, axis=-1, precise=True))
+    assert same_bits(softmax.logsumexp(x), mx.logsumexp(x, axis=-1, keepdims=True))
 
 
 def _qkv(batch, heads, kv_heads, q_len, k_len, seed, dim=64):

@@ -20,7 +20,7 @@ needs_jit = pytest.mark.skipif(not ACTIVE, reason="the JIT wrapper is for Linux 
 OPS = """
 import mlx.core as mx, mlx.nn as nn
 from mlx_lm.models import activations as act
-from adaspec.kernels import attention as att
+from adaspec.kernels import softmax as sm
 OPS = {
     "silu": nn.silu, "sigmoid": nn.sigmoid, "gelu": nn.gelu, "gelu_approx": nn.gelu_approx,
     "gelu_fast_approx": nn.gelu_fast_approx, "softplus": nn.softplus, "mish": nn.mish,
@@ -29,8 +29,8 @@ OPS = {
     "swiglu": lambda x: act.swiglu(x, x[::-1]),
     "precise_swiglu": lambda x: act.precise_swiglu(x, x, x[::-1]),
     "swiglu_oai": lambda x: act.swiglu_oai(x, x[::-1]),
-    "exp_shifted": lambda x: att._exp_shifted(x, x[:1]),
-    "normalize": lambda x: att._normalize(x, mx.abs(x[:1])),
+    "exp_shifted": lambda x: sm.exp_shifted(x, x[:1]),
+    "normalize": lambda x: sm.normalize(x, mx.abs(x[:1])),
 }
 """
 
@@ -111,10 +111,10 @@ def test_compiled_ops_equal_stock_mlx_bit_for_bit(tmp_path: Path) -> None:
 def test_kernels_are_vectorized_with_fma() -> None:
     import mlx.core as mx
 
-    from adaspec.kernels import attention
+    from adaspec.kernels import softmax
 
     x = mx.arange(64, dtype=mx.float32)
-    mx.eval(attention._exp_shifted(x, x[:1]))
+    mx.eval(softmax.exp_shifted(x, x[:1]))
     kernel_dir = jit.status().kernel_dir(mx.__version__)
     lib = next(p for p in kernel_dir.glob("lib*ExpD*.so") if "Subtract" in p.name)
     asm = subprocess.run(["objdump", "-d", str(lib)], capture_output=True, text=True).stdout

@@ -1,10 +1,8 @@
 """CPU attention with a vectorized softmax, bit for bit `mx.fast.scaled_dot_product_attention`.
 
 On the CPU mlx always runs the fallback of fast.cpp (scale, matmul, mask, softmax, matmul), and
-its softmax (backend/cpu/softmax.cpp) evaluates `exp` one element at a time. `sdpa` is the same
-fallback with the softmax split into mlx ops that keep its arithmetic: the row max, `exp(x - max)`
-in a compiled kernel (vectorized by kernels/jit.py), the row sum from the left (mlx's reduction
-on x86 adds one element at a time, as softmax.cpp does), and a multiply by `1 / sum`. Tests in
+its softmax evaluates `exp` one element at a time. `sdpa` is the same fallback with
+kernels/softmax.py's softmax (the same arithmetic, `exp` vectorized). Tests in
 tests/test_ops_attention.py prove equal bits; `install` routes mlx-lm's models through it.
 """
 
@@ -17,25 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from . import jit
-
-
-# shapeless: one trace serves every context length (a shaped compile would trace again, and
-# keep another entry, at every decode step)
-@partial(mx.compile, shapeless=True)
-def _exp_shifted(scores: mx.array, maximum: mx.array) -> mx.array:
-    return mx.exp(scores - maximum)
-
-
-@partial(mx.compile, shapeless=True)
-def _normalize(e: mx.array, total: mx.array) -> mx.array:
-    return e * (1 / total)
-
-
-def softmax(scores: mx.array) -> mx.array:
-    """mx.softmax(scores, axis=-1, precise=True) for fp32 scores, with the same bits."""
-    maximum = mx.max(scores, axis=-1, keepdims=True)
-    e = _exp_shifted(scores, maximum)
-    return _normalize(e, mx.sum(e, axis=-1, keepdims=True))
+from .softmax import softmax
 
 
 @partial(mx.compile, shapeless=True)
