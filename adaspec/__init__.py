@@ -10,9 +10,12 @@ from typing import Any
 
 from .errors import SettingsError as _SettingsError
 from .kernels import blas as _blas
+from .kernels import jit as _jit
+from .settings import get as _get_settings
 
 try:
     _blas.ensure()
+    _jit.install(_get_settings().cache, _get_settings().fast_ops)
 except _SettingsError as _exc:
     # every call that reads the settings raises this error again (the CLI prints it in one
     # line), so nothing runs on bad settings; importing stays possible, with this warning

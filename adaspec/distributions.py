@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .kernels.softmax import fast_logsumexp
 from .sampling_params import SamplingParams
 
 
 def logprobs(logits: mx.array) -> mx.array:
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    # mx.logsumexp's bits, its exp vectorized on the CPU (kernels/softmax.py)
+    return logits - fast_logsumexp(logits)
 
 
 def filtered(lp: mx.array, params: SamplingParams) -> mx.array:

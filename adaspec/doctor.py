@@ -18,6 +18,8 @@ from .settings import Settings
 from .settings import get as get_settings
 
 CONTEXT = 200  # cached tokens before the timed forwards
+LONG_CONTEXT = 2000  # ... and for the second look at the ops outside the GEMMs
+LONG_SIZES = (1, 8, 16)
 VERIFY_TOKENS = 16
 SIZES = (1, 2, 4, 8, 12, 16, 24, 32)  # forwards timed: a plain step and verifies of 1..31 drafts
 
@@ -72,18 +74,24 @@ def gflops(n: int = 1024, repeats: int = 10) -> float:
 
 
 def forward_times(
-    model: Any, repeats: int = 7, context: int = CONTEXT, cache: list[Any] | None = None
+    model: Any,
+    repeats: int = 7,
+    context: int = CONTEXT,
+    cache: list[Any] | None = None,
+    sizes: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
     """Warm median milliseconds of forwards of each of SIZES tokens (taking turns) after
     `context` cached tokens, the 16-token forward's cost in 1-token forwards, and per size
-    the ratio, GFLOP/s, weight GB/s and (with the routed BLAS) ms inside GEMMs (`per_size`).
+    the ratio, GFLOP/s, weight GB/s and (with the routed BLAS) ms inside GEMMs and the ms
+    outside them per token row (`per_size`); `sizes` in place of SIZES (1 among them).
     `cache`: an empty prompt cache to time on (a new one if None); it is left holding the
     `context` prefilled tokens only."""
     import mlx.core as mx
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
+    sizes = sizes or SIZES
     vocab = model.args.vocab_size if hasattr(model, "args") else 1000
-    tokens = mx.arange(context + max(SIZES))[None] % min(vocab, 1000) + 10
+    tokens = mx.arange(context + max(sizes))[None] % (min(vocab, 1000) - 10) + 10  # in range
     cache = make_prompt_cache(model) if cache is None else cache
     mx.eval(model(tokens[:, :context], cache=cache))
 
@@ -104,7 +112,7 @@ def forward_times(
 
     from .kernels import roofline
 
-    runs = _median_runs({n: step(n) for n in SIZES}, repeats)
+    runs = _median_runs({n: step(n) for n in sizes}, repeats)
     times = {n: t * 1e3 for n, (t, _) in runs.items()}
     ms = {f"forward_{n}_ms": t for n, t in times.items()}
     verify = ms.get(f"forward_{VERIFY_TOKENS}_ms")  # absent when SIZES leaves it out
@@ -112,6 +120,9 @@ def forward_times(
     nbytes, elements = roofline.weight_traffic(model)
     gemm = {n: g * 1e3 for n, (_, g) in runs.items() if g is not None}
     per_size = roofline.rows(times, nbytes, elements, gemm or None)
+    for r in per_size:
+        g = r["gemm_ms"]
+        r["other_ms_per_row"] = None if g is None else (r["ms"] - g) / r["tokens"]
     return {
         "context": context,
         **ms,
@@ -132,12 +143,34 @@ def _limits(settings: Settings) -> dict[str, Any]:
 
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
+    from .kernels import fast_ops
     from .targets.loader import load
 
     t = time.perf_counter()
     model, _ = load(name, settings=settings)
     load_s = time.perf_counter() - t
-    return {"name": name, "load_s": load_s, **forward_times(model, repeats=repeats)}
+    fast_ops.install(model)
+    long = forward_times(model, repeats=repeats, context=LONG_CONTEXT, sizes=LONG_SIZES)
+    return {
+        "name": name,
+        "load_s": load_s,
+        **forward_times(model, repeats=repeats),
+        "long_context": long,
+    }
+
+
+def fast_ops_report() -> dict[str, Any]:
+    """Whether mlx's JIT kernels are built for this CPU and attention runs the vectorized
+    softmax (kernels/jit.py, kernels/attention.py), and why not."""
+    from .kernels import attention, jit
+
+    st = jit.status()
+    return {
+        "jit": "active" if st and st.active else (st.reason if st else "not set up"),
+        "kernel_dir": str(st.directory) if st and st.directory else None,
+        "attention": attention.enabled(),
+        "attention_modules": attention.installed(),
+    }
 
 
 def collect(
@@ -167,13 +200,57 @@ def collect(
     }
     if model is not None:
         report["model"] = _model_report(model, settings, repeats)
+    report["fast_ops"] = fast_ops_report()  # after the model: its attention modules
     return report
+
+
+def _outside_gemms(m: dict[str, Any]) -> list[str]:
+    """ms outside the GEMMs per token row, per size, at each context timed"""
+    out = []
+    for t in (m, m.get("long_context")):
+        rows = [r for r in (t or {}).get("per_size", []) if r.get("other_ms_per_row") is not None]
+        if rows:
+            cells = ", ".join(f"{r['tokens']}: {r['other_ms_per_row']:.2f}" for r in rows)
+            out.append(f"outside GEMMs ms per token row at context {t['context']}: {cells}")
+    return out
 
 
 def _gemm_columns(row: dict[str, Any]) -> str:
     if row.get("gemm_ms") is None:
         return ""
     return f" {row['gemm_ms']:8.1f} {row['ms'] - row['gemm_ms']:9.1f}"
+
+
+def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
+    """The report's lines for the model: its weights, forward times and roofline."""
+    lines = [
+        f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
+        f"weights       {m['weight_bytes'] / 1e6:.0f} MB streamed per token "
+        + (
+            "(fp32)"
+            if m["weight_bytes"] == m["fp32_weight_bytes"]
+            else f"at their stored bits ({m['fp32_weight_bytes'] / 1e6:.0f} MB as fp32)"
+        ),
+        f"forward       warm medians at context {m['context']}, ratio to 1 token; GFLOP/s of "
+        "the weight matmuls, GB/s of weights read",
+        f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
+        f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
+        "tokens     ms  ratio  GFLOP/s  weights GB/s  GEMM ms  other ms",
+    ]
+    lines += [
+        f"{r['tokens']:6d} {r['ms']:6.1f} {r['ratio']:6.2f} {r['gflops']:8.1f} "
+        f"{r['weights_gbs']:13.1f}{_gemm_columns(r)}"
+        for r in m["per_size"]
+    ]
+    lines += _outside_gemms(m)
+    if lim.get("read_gbs", 0) > 0:
+        stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6
+        lines.append(
+            f"roofline      streaming the weights once takes {stream_ms:.1f} ms at "
+            f"{lim['read_gbs']:.1f} GB/s; a 1-token step is "
+            f"{m['forward_1_ms'] / stream_ms:.2f}x that"
+        )
+    return lines
 
 
 def format_report(d: dict[str, Any]) -> str:
@@ -197,38 +274,19 @@ def format_report(d: dict[str, Any]) -> str:
             f"limits        memory {lim['read_gbs']:.1f} GB/s read, {lim['triad_gbs']:.1f} GB/s "
             f"triad; peak {lim['peak_gflops']:.0f} fp32 GFLOP/s ({lim['threads']} threads)"
         )
+    fo = d.get("fast_ops", {})
+    if fo:
+        modules = ", ".join(fo["attention_modules"]) or "none routed yet"
+        lines.append(
+            f"fast ops      JIT kernels {fo['jit']}; attention: "
+            + (f"vectorized softmax ({modules})" if fo["attention"] else "mlx's fallback")
+        )
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
     if blas.get("note"):
         lines.append(f"  note: {blas['note']}")
     if "model" in d:
-        m = d["model"]
-        lines += [
-            f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
-            f"weights       {m['weight_bytes'] / 1e6:.0f} MB streamed per token "
-            + (
-                "(fp32)"
-                if m["weight_bytes"] == m["fp32_weight_bytes"]
-                else f"at their stored bits ({m['fp32_weight_bytes'] / 1e6:.0f} MB as fp32)"
-            ),
-            f"forward       warm medians at context {m['context']}, ratio to 1 token; GFLOP/s of "
-            "the weight matmuls, GB/s of weights read",
-            f"verify cost   {m['verify_cost_ratio']:.2f}x a 1-token step "
-            f"(speedup <= tokens per step / {m['verify_cost_ratio']:.2f})",
-            "tokens     ms  ratio  GFLOP/s  weights GB/s  GEMM ms  other ms",
-        ]
-        lines += [
-            f"{r['tokens']:6d} {r['ms']:6.1f} {r['ratio']:6.2f} {r['gflops']:8.1f} "
-            f"{r['weights_gbs']:13.1f}{_gemm_columns(r)}"
-            for r in m["per_size"]
-        ]
-        if lim.get("read_gbs", 0) > 0:
-            stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6
-            lines.append(
-                f"roofline      streaming the weights once takes {stream_ms:.1f} ms at "
-                f"{lim['read_gbs']:.1f} GB/s; a 1-token step is "
-                f"{m['forward_1_ms'] / stream_ms:.2f}x that"
-            )
+        lines += _model_lines(d["model"], lim)
     lines.append("settings")
     lines += [f"  {k}={v}" for k, v in d["settings"].items()]
     return "\n".join(lines)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # routed BLAS: the small-M kernel's instruction set: auto (AVX-512 where the CPU has it) |
     # avx512 | avx2
     kernel_isa: str = "auto"
+    # Linux x86-64 CPU: mlx's compiled kernels built for this CPU and attention with a vectorized
+    # softmax, each giving stock mlx's exact bits (adaspec/kernels/jit.py, attention.py)
+    fast_ops: bool = True
     cache: Path = Field(default_factory=lambda data: default_cache(data.get("xdg_cache_home")))
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)

@@ -20,7 +20,7 @@ from datetime import date
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
-from adaspec.kernels import blas, roofline, shadow
+from adaspec.kernels import blas, fast_ops, roofline, shadow
 from adaspec.settings import from_env
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
@@ -49,6 +49,7 @@ def main() -> None:
     settings = from_env({**os.environ, **env})
     model, _ = load(a.model, settings=settings)
     stored_mb = model.adaspec_stored.nbytes / 1e6 if hasattr(model, "adaspec_stored") else 0
+    fast_ops.install(model)
     shadows = shadow.shadow_model(model) if a.weights == "bf16" else None
     limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
     times = doctor.forward_times(model, repeats=a.repeats, context=a.context)

@@ -1,7 +1,9 @@
 """What the ops outside the GEMMs cost: each non-GEMM op of a llama-style decoder layer, timed
-alone (best of 9) for a forward's worth of layers at M token rows (docs/benchmarks.md, "Roofline").
+alone (best of 9) for a forward's worth of layers at M token rows (docs/benchmarks.md, "Roofline");
+with the fast paths on (docs/fast_ops.md), their rows ("... fast") beside stock mlx's.
 
     python benchmarks/forward_ops.py [--sizes 1,16,32] [--layers 30] [--context 200]
+    ADASPEC_FAST_OPS=off python benchmarks/forward_ops.py   # SwiGLU on stock mlx's JIT kernel
 
 Shapes default to SmolLM2-135M's (hidden 576, 9 heads of 64, 3 kv heads, intermediate 1536).
 """
@@ -9,6 +11,8 @@ Shapes default to SmolLM2-135M's (hidden 576, 9 heads of 64, 3 kv heads, interme
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 from adaspec import doctor
+from adaspec.kernels import attention, softmax
+from adaspec.kernels import layers as twins
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,7 +38,9 @@ def ops(m: int, layers: int, context: int) -> dict[str, float]:
     mx.eval(xs, gs, qs, ks, vs, scores)
     w, rope, mask = mx.ones((D,)), nn.RoPE(HD, base=100000), "causal" if m > 1 else None
     sdpa = mx.fast.scaled_dot_product_attention
+    fast = fast_ops(m, layers, context, (xs, qs, ks, vs, scores), mask)
     return {
+        **fast,
         "attention (sdpa)": _ms(
             lambda: mx.eval(
                 [sdpa(q, k, v, scale=HD**-0.5, mask=mask) for q, k, v in zip(qs, ks, vs)]
@@ -54,6 +60,30 @@ def ops(m: int, layers: int, context: int) -> dict[str, float]:
                 [x + x for x in xs + xs] + [mx.contiguous(q.transpose(0, 2, 1, 3)) for q in qs]
             )
         ),
+    }
+
+
+def fast_ops(m: int, n_layers: int, context: int, arrays, mask) -> dict[str, float]:
+    """the fast paths' twins of the rows below, where they are enabled"""
+    if not attention.enabled():
+        return {}
+    xs, qs, ks, vs, scores = arrays
+    rope, norm = twins.ExactRoPE(HD, False, 100000.0, 1.0), twins.ExactRMSNorm(D, 1e-5)
+    sdpa = attention.sdpa
+    return {
+        "attention (sdpa) fast": _ms(
+            lambda: mx.eval(
+                [sdpa(q, k, v, scale=HD**-0.5, mask=mask) for q, k, v in zip(qs, ks, vs)]
+            )
+        ),
+        "of it, softmax fast": _ms(lambda: mx.eval([softmax.softmax(s) for s in scores])),
+        "rope q, k fast": _ms(
+            lambda: mx.eval(
+                [rope(q, offset=context) for q in qs]
+                + [rope(k[:, :, :m], offset=context) for k in ks]
+            )
+        ),
+        "rms_norm x2 fast": _ms(lambda: mx.eval([norm(x) for x in xs + xs])),
     }
 
 

@@ -32,7 +32,7 @@ def test_collect_without_model():
     assert d["gflops_fp32"] > 0
     assert "ADASPEC_BLAS" in d["settings"] and "ADASPEC_CACHE" in d["settings"]
     text = doctor.format_report(d)
-    assert "GFLOP/s" in text and "BLAS" in text and "model" not in text
+    assert "GFLOP/s" in text and "BLAS" in text and "\nmodel " not in text
     json.dumps(d)  # machine-readable as is
 
 
@@ -55,6 +55,15 @@ def test_collect_with_a_model(tmp_path, cache):
     text = doctor.format_report(d)
     assert "verify cost" in text and "roofline" in text and "GB/s" in text
     assert ("GEMM ms" in text) == (blas.routed_seconds() is not None)
+    long = m["long_context"]  # the ops outside the GEMMs per token row, at a long context too
+    assert long["context"] == doctor.LONG_CONTEXT
+    assert [r["tokens"] for r in long["per_size"]] == list(doctor.LONG_SIZES)
+    for r in m["per_size"] + long["per_size"]:
+        if r["gemm_ms"] is not None:
+            assert r["other_ms_per_row"] == pytest.approx((r["ms"] - r["gemm_ms"]) / r["tokens"])
+    routed = blas.routed_seconds() is not None
+    assert ("outside GEMMs ms per token row at context 2000" in text) == routed
+    assert "fast ops" in text and d["fast_ops"]["jit"]
 
 
 def test_forward_times_on_sizes_without_the_verify_length(tmp_path, cache, monkeypatch):

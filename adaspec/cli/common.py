@@ -48,9 +48,14 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 
 def load_model(name: str):
+    """(model, tokenizer), on the CPU fast paths (kernels/fast_ops.py, stock mlx's bits):
+    mlx-lm's own generate on this model then takes the same path as adaspec"""
+    from ..kernels import fast_ops
     from ..targets.loader import load
 
-    return load(name)
+    model, tokenizer = load(name)
+    fast_ops.install(model)
+    return model, tokenizer
 
 
 def drafter_spec(args: argparse.Namespace, model, tokenizer) -> str:

@@ -19,7 +19,9 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
+from ..kernels import fast_ops
 from ..kernels.shadow import Shadows, resolve, shadow_model
+from ..kernels.softmax import fast_logsumexp
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head
 from .base import Draft, DraftContext
@@ -241,7 +243,7 @@ class DFlashDrafter:
             logits = logits / temperature
         width = min(budget, self.TREE_WIDTH)
         top = mx.argsort(-logits, axis=-1)[:, :width]
-        logp = mx.take_along_axis(logits - mx.logsumexp(logits, axis=-1, keepdims=True), top, -1)
+        logp = mx.take_along_axis(logits - fast_logsumexp(logits), top, -1)
         ids = np.array(top)
         if self.head.ids is not None:
             ids = self.head.ids[ids]
@@ -323,6 +325,7 @@ def shared_model(
         entry = _MODELS.get(key)
         if entry is None:
             model = load_model(folder, info)
+            fast_ops.install(model)  # CPU fast paths, stock mlx's bits (kernels/fast_ops.py)
             entry = (model, shadow_model(model) if weights == "bf16" else None)
             while len(_MODELS) >= MODELS_KEPT:
                 _MODELS.pop(next(iter(_MODELS)))

@@ -324,7 +324,10 @@ def load_shared(
     from ..targets.loader import load
 
     log.info("loading draft model %s (%s weights)", path_or_name, weights)
+    from ..kernels import fast_ops
+
     model, tokenizer = load(path_or_name, settings=settings)
+    fast_ops.install(model)
     return model, tokenizer, shadow_model(model) if weights == "bf16" else None
 
 

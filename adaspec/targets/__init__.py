@@ -21,9 +21,11 @@ def make_target(
     recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture)."""
     from mlx_lm.models.cache import make_prompt_cache
 
+    from ..kernels import fast_ops
     from .kv import KVTarget
     from .replay import ReplayTarget, has_recurrent_state
 
+    fast_ops.install(model)  # CPU fast paths with stock mlx's bits (kernels/fast_ops.py)
     if has_recurrent_state(make_prompt_cache(model)):
         return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
     return KVTarget(model, tokenizer, prefill_step=prefill_step)

@@ -1,0 +1,165 @@
+"""CPU attention with a vectorized softmax, bit for bit `mx.fast.scaled_dot_product_attention`.
+
+On the CPU mlx always runs the fallback of fast.cpp (scale, matmul, mask, softmax, matmul), and
+its softmax evaluates `exp` one element at a time. `sdpa` is the same fallback with
+kernels/softmax.py's softmax (the same arithmetic, `exp` vectorized). Tests in
+tests/test_ops_attention.py prove equal bits; `install` routes mlx-lm's models through it.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+
+from . import jit
+from .softmax import softmax
+
+
+@partial(mx.compile, shapeless=True)
+def _causal(scores: mx.array, q_idx: mx.array, k_idx: mx.array) -> mx.array:
+    """fast.cpp's causal mask and `where` in one kernel (a mask computed, then selected)"""
+    return mx.where(q_idx >= k_idx, scores, mx.array(mx.finfo(mx.float32).min, mx.float32))
+
+
+def _mask_causal(scores: mx.array) -> mx.array:
+    q_len, k_len = scores.shape[-2], scores.shape[-1]
+    offset = k_len - q_len
+    return _causal(scores, mx.arange(offset, q_len + offset)[:, None], mx.arange(0, k_len)[None])
+
+
+def sdpa(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float,
+    mask: mx.array | str | None = None,
+) -> mx.array:
+    """fast.cpp's CPU fallback for fp32 inputs of rank 4 ([B, heads, L, D]), GQA included,
+    with `softmax` above; `mask` None, "causal", a bool array or an additive array."""
+    n_q, n_kv = queries.shape[1], keys.shape[1]
+    q = mx.array(scale, queries.dtype) * queries
+    k, v, rep = keys, values, n_q // n_kv
+    if rep > 1:
+        q = mx.unflatten(q, 1, (n_kv, rep))
+        k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
+    scores = q @ mx.swapaxes(k, -1, -2)
+    if isinstance(mask, str):
+        scores = _mask_causal(scores)
+    elif mask is not None:
+        m = mx.broadcast_to(mask, (*queries.shape[:-1], keys.shape[-2]))
+        if rep > 1:
+            m = mx.unflatten(m, -3, (n_kv, rep))
+        if m.dtype == mx.bool_:
+            scores = mx.where(m, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+        else:
+            scores = scores + m
+    out = softmax(scores) @ v
+    return mx.flatten(out, 1, 2) if rep > 1 else out
+
+
+# below this many scores per head (query rows x keys) mlx's one softmax op beats four cheaper
+# ones (benchmarks/attention_ab.py); both give the same bits, so the choice is speed alone
+MIN_SCORES = 128
+
+
+def pays(queries: mx.array, keys: mx.array) -> bool:
+    return queries.shape[-2] * keys.shape[-2] >= MIN_SCORES
+
+
+def handles(queries: mx.array, keys: mx.array, values: mx.array, mask: Any) -> bool:
+    """Whether `sdpa` covers this call (else mlx's own kernel runs): fp32, rank 4, CPU,
+    and a mask it knows."""
+    if not all(a.dtype == mx.float32 and a.ndim == 4 for a in (queries, keys, values)):
+        return False
+    if isinstance(mask, str) and mask != "causal":
+        return False
+    if isinstance(mask, mx.array) and (mask.ndim > 4 or mask.dtype not in (mx.bool_, mx.float32)):
+        return False
+    return mx.default_device() == mx.cpu
+
+
+def scaled_dot_product_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    cache: Any,
+    scale: float,
+    mask: mx.array | str | None,
+    sinks: mx.array | None = None,
+) -> mx.array:
+    """mlx_lm.models.base.scaled_dot_product_attention, running `sdpa` where it applies."""
+    if (
+        sinks is None
+        and not hasattr(cache, "bits")
+        and pays(queries, keys)
+        and handles(queries, keys, values, mask)
+    ):
+        return sdpa(queries, keys, values, scale=scale, mask=mask)
+    return _original()(queries, keys, values, cache, scale, mask, sinks)
+
+
+def fast_sdpa(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    *,
+    scale: float,
+    mask: mx.array | str | None = None,
+) -> mx.array:
+    """mx.fast.scaled_dot_product_attention, running `sdpa` where `enabled()` and it applies
+    (for models of our own, such as the DFlash drafter)."""
+    if enabled() and pays(queries, keys) and handles(queries, keys, values, mask):
+        return sdpa(queries, keys, values, scale=scale, mask=mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def _original() -> Any:
+    from mlx_lm.models import base
+
+    return base.scaled_dot_product_attention
+
+
+def enabled() -> bool:
+    """The fast path is on: the JIT wrapper is active (ADASPEC_FAST_OPS, Linux x86-64) and
+    the default device is the CPU."""
+    status = jit.status()
+    return bool(status and status.active) and mx.default_device() == mx.cpu
+
+
+_installed: list[str] = []
+
+
+def installed() -> list[str]:
+    """The mlx-lm model modules routed here."""
+    ours = scaled_dot_product_attention
+    return [
+        n
+        for n in _installed
+        if getattr(sys.modules.get(n), "scaled_dot_product_attention", None) is ours
+    ]
+
+
+def install(model: Any) -> list[str]:
+    """Point the mlx-lm model modules `model` is built from at `scaled_dot_product_attention`
+    above, where they call mlx-lm's (a module attribute, so mlx-lm's own generate on any model
+    of those architectures takes the same path; it gives the same bits). Returns the modules
+    changed; nothing when `enabled()` is false."""
+    if not enabled():
+        return []
+    original, changed = _original(), []
+    for name in sorted({type(m).__module__ for m in _modules(model)}):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "scaled_dot_product_attention", None) is original:
+            module.scaled_dot_product_attention = scaled_dot_product_attention
+            changed.append(name)
+    _installed.extend(changed)
+    return changed
+
+
+def _modules(model: Any) -> list[Any]:
+    mods = getattr(model, "modules", None)
+    return [model, *(mods() if callable(mods) else [])]

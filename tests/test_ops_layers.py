@@ -1,0 +1,126 @@
+"""The RoPE and RMSNorm twins (adaspec/kernels/layers.py) give stock mlx's bits."""
+
+# isort: off
+import adaspec  # noqa: F401  (BLAS and the JIT wrapper before mlx)
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from mlx.utils import tree_flatten
+
+# isort: on
+from adaspec.kernels import fast_ops, layers
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    x, y = np.array(a), np.array(b)
+    return (
+        x.shape == y.shape
+        and x.dtype == y.dtype
+        and bool((x.view(np.uint8) == y.view(np.uint8)).all())
+    )
+
+
+@given(
+    dims_of=st.sampled_from([(64, 64), (128, 128), (32, 64), (16, 80)]),
+    base=st.sampled_from([10000.0, 100000.0, 1000000.0, 500.5]),
+    scale=st.sampled_from([1.0, 0.5, 0.25]),
+    offset=st.one_of(st.integers(0, 300), st.integers(0, 200_000)),
+    rows=st.integers(1, 40),
+    heads=st.sampled_from([1, 3, 9]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_rope_equals_mlx_rope(dims_of, base, scale, offset, rows, heads, seed) -> None:
+    dims, head_dim = dims_of
+    x = mx.random.normal((1, heads, rows, head_dim), key=mx.random.key(seed)) * 4
+    ref = nn.RoPE(dims, base=base, scale=scale)(x, offset=offset)
+    assert same_bits(layers.ExactRoPE(dims, False, base, scale)(x, offset=offset), ref)
+
+
+@pytest.mark.parametrize(
+    ("traditional", "offset", "dtype"),
+    [(True, 7, mx.float32), (False, "array", mx.float32), (False, 7, mx.float16)],
+)
+def test_rope_falls_back_where_it_does_not_apply(traditional, offset, dtype) -> None:
+    x = (mx.random.normal((2, 4, 5, 64)) * 3).astype(dtype)
+    off = mx.array([3, 9]) if offset == "array" else offset
+    ref = nn.RoPE(64, traditional=traditional, base=10000.0)(x, offset=off)
+    out = layers.ExactRoPE(64, traditional, 10000.0, 1.0)(x, offset=off)
+    assert same_bits(out, ref)
+
+
+def test_rope_angles_are_shared_by_calls_at_one_position() -> None:
+    rope = layers.ExactRoPE(64, False, 10000.0, 1.0)
+    a = rope._cos_sin(200, 8)
+    assert rope._cos_sin(200, 8) is a and rope._cos_sin(201, 8) is not a
+    for i in range(layers._ANGLES + 1):
+        rope._cos_sin(1000 + i, 1)
+    assert (200, 8) not in rope._cache and len(rope._cache) == layers._ANGLES
+
+
+SPECIAL = st.sampled_from([0.0, -0.0, float("inf"), float("nan"), 1e-40, 3e38, -3e38])
+
+
+@given(
+    dims=st.sampled_from([8, 64, 576, 896]),
+    rows=st.integers(1, layers.RMS_ROWS),
+    eps=st.sampled_from([1e-5, 1e-6, 1e-3]),
+    scale=st.sampled_from([1e-3, 1.0, 100.0]),
+    seed=st.integers(0, 2**31 - 1),
+    special=st.lists(st.tuples(st.integers(0, 10**6), SPECIAL), max_size=3),
+)
+def test_rms_norm_equals_mlx_rms_norm(dims, rows, eps, scale, seed, special) -> None:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, rows, dims)).astype(np.float32) * scale
+    for pos, value in special:
+        x.flat[pos % x.size] = value
+    norm = nn.RMSNorm(dims, eps=eps)
+    norm.weight = mx.array(rng.standard_normal(dims).astype(np.float32))
+    twin = layers._twin(norm)
+    assert same_bits(twin(mx.array(x)), norm(mx.array(x)))
+
+
+def test_rms_norm_in_half_precision_falls_back() -> None:
+    norm = nn.RMSNorm(64)
+    norm.set_dtype(mx.float16)
+    x = mx.random.normal((1, 3, 64)).astype(mx.float16)
+    assert same_bits(layers._twin(norm)(x), norm(x))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_install_swaps_instances_and_keeps_logits(arch) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    model, fresh = tiny_model(arch), tiny_model(arch)
+    params = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
+    n_norms = sum(type(m) is nn.RMSNorm for _, m in model.named_modules())
+    assert layers.install(model) == n_norms + 2  # every norm and both layers' RoPE
+    assert layers.install(model) == 0  # once only
+    assert not any(type(m) in (nn.RMSNorm, nn.RoPE) for _, m in model.named_modules())
+    assert {k for k, _ in tree_flatten(model.parameters())} == set(params)
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    for chunk in (tokens[:, :9], tokens[:, 9:10], tokens[:, 10:]):  # prefill, then steps
+        assert same_bits(model(chunk, cache=c1), fresh(chunk, cache=c2))
+
+
+def test_fast_ops_install_reports_what_it_changed() -> None:
+    import sys
+
+    from mlx_lm.models import base
+    from tiny import tiny_model
+
+    model = tiny_model("llama")
+    module = sys.modules[type(model).__module__]
+    module.scaled_dot_product_attention = base.scaled_dot_product_attention  # as if never routed
+    try:
+        done = fast_ops.install(model)
+    finally:
+        module.scaled_dot_product_attention = base.scaled_dot_product_attention
+    if not fast_ops.attention.enabled():
+        assert done == fast_ops.Installed([], 0)
+    else:
+        assert done.attention_modules == [module.__name__] and done.layers == 7
