@@ -44,7 +44,7 @@ def load(
         if source is not None:
             src, sha = source
             entry = converted(src, settings=settings, sha256=sha, stored=True)
-            return stored_model.load(entry, src)
+            return _fast(*stored_model.load(entry, src))
     target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
     try:
         model, tokenizer = mlx_lm.load(target)
@@ -56,6 +56,15 @@ def load(
         from .gguf import check_dtype
 
         model.set_dtype(getattr(mx, check_dtype(dtype)))
+    return _fast(model, tokenizer)
+
+
+def _fast(model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """The model on the CPU fast paths (kernels/fast_ops.py, stock mlx's bits), so that
+    mlx-lm's own generation on it runs them too."""
+    from ..kernels import fast_ops
+
+    fast_ops.install(model)
     return model, tokenizer
 
 
