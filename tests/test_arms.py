@@ -19,6 +19,7 @@ from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.registry import default_spec, make, make_arms
+from adaspec.drafters.suffix import SuffixDrafter
 from adaspec.errors import DrafterError
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
@@ -288,18 +289,27 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     info = target_info(target)
     tiny_drafter(target, block=5).save(tmp_path / "ck")
     s = settings_mod.from_env({"ADASPEC_AUTO_PLD_MIN_MATCH": "3"})
-    pld, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
+    pld, sfx, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
     assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
+    assert isinstance(sfx, SuffixDrafter) and not sfx.context  # PLD covers the request's text
     assert isinstance(short, PromptLookup) and short.min_ngram == 1  # its own estimates
     longer = settings_mod.from_env({"ADASPEC_PLD_MIN_NGRAM": "2"})  # a plain `pld` arm's default
-    assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[1].min_ngram == 1
+    assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[2].min_ngram == 1
     got = [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)]
-    assert got == [PromptLookup, PromptLookup, DFlashDrafter]
-    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
+    assert got == [PromptLookup, SuffixDrafter, PromptLookup, DFlashDrafter]
+    pld, sfx, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
     assert pld.min_ngram == 1 and dfl.block == 3
-    (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
+    got = [type(a) for a in make_arms(f"auto:{tmp_path / 'ck'},suffix=false", info, s)]
+    assert got == [PromptLookup, PromptLookup, DFlashDrafter]
+    # no drafter ships for this target: the lookups alone (suffix learns online)
+    assert [type(a) for a in make_arms("auto", info, s)] == [
+        PromptLookup,
+        SuffixDrafter,
+        PromptLookup,
+    ]
+    (only,) = make_arms("auto:suffix=0", info, s)
     assert isinstance(only, PromptLookup) and only.min_ngram == 1
-    assert default_spec(info) == "pld"
+    assert default_spec(info) == "auto"
     arms = make_arms(f"pld:max_ngram=4+dflash:{tmp_path / 'ck'},block=4", info, s)
     assert [type(a) for a in arms] == [PromptLookup, DFlashDrafter]
     assert arms[0].max_ngram == 4 and arms[1].block == 4
@@ -323,8 +333,9 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
     s = settings_mod.from_env({})
     assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
     got = [type(a) for a in make_arms("auto", info, s)]
-    assert got == ([PromptLookup, PromptLookup, DFlashDrafter] if marked else [PromptLookup])
-    assert default_spec(info) == ("auto" if marked else "pld")
+    lookups = [PromptLookup, SuffixDrafter, PromptLookup]
+    assert got == (lookups + [DFlashDrafter] if marked else lookups)
+    assert default_spec(info) == "auto"
 
 
 @pytest.mark.parametrize(
@@ -339,7 +350,9 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
         ("pld:max_ngram=2,max_ngram=3", "pld argument max_ngram is given twice"),
         ("draft-model:m,q=maybe", "draft-model argument q='maybe' is not a bool"),
         ("pld:,x", "pld argument 'x' is invalid; accepted: KEY=VALUE"),
-        ("auto:pld", "PLD already comes first"),
+        ("auto:pld", "PLD and suffix lookup already come first"),
+        ("auto:suffix", "PLD and suffix lookup already come first"),
+        ("auto:dflash,suffix=maybe", "suffix='maybe' is invalid; accepted: true or false"),
         ("auto:dflash,min_match=x", "min_match='x' is invalid; accepted: an integer 1..64"),
         ("auto:draft-model:m,min_match=0", "min_match='0' is invalid; accepted: an integer 1..64"),
         ("", "drafter spec '' is empty"),
