@@ -223,6 +223,21 @@ def test_a_drafter_joins_its_output_at_the_next_prefill_and_when_dropped():
     assert e.draft(DraftContext([], 3)).tokens == (9, 10, 11)
 
 
+@pytest.mark.parametrize("arch", sorted(TARGETS))
+def test_a_finished_generation_joins_and_the_next_one_drafts_it(arch):
+    target = TARGETS[arch]
+    prompt = [1, 5, 2, 7]
+    lib = Library(None, 16, 10_000)
+    sfx = SuffixDrafter(lib, context=False, min_prob=0.0)
+    first = Decoder(KVTarget(target), [sfx], DecodeConfig(max_tokens=20), AlwaysSpeculate())
+    out = [e.token for e in decode(first, prompt)]
+    assert lib.online_tokens == len(out) + 1 and first.stats.accepted == 0
+    again = SuffixDrafter(lib, context=False, min_prob=0.0)
+    second = Decoder(KVTarget(target), [again], DecodeConfig(max_tokens=20), AlwaysSpeculate())
+    assert [e.token for e in decode(second, prompt)] == out
+    assert second.stats.accepted >= len(out) - second.stats.steps  # its own answer, drafted
+
+
 def test_persistence_round_trip(tmp_path):
     path = tmp_path / "online.npz"
     lib = Library(None, 16, 10_000, persist=path)

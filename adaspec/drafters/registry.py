@@ -122,6 +122,8 @@ def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmS
         )
     if inner_name not in names():  # auto:DIR
         return [*lookups, ArmSpec("dflash", arm.path, rest)]
+    if inner_name != "dflash":  # the short-match arm was measured in front of DFlash only
+        lookups = [a for a in lookups if a is not short]
     return [*lookups, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
 
 

@@ -82,7 +82,7 @@ class SuffixDrafter:
         *,
         depth: int = 32,
         min_match: int = 1,
-        min_prob: float = 0.1,
+        min_prob: float = 0.2,
         draft_len: int = 16,
         cap: int = 256,
         context: bool = True,
@@ -162,9 +162,9 @@ class SuffixDrafter:
             length, pos = context_match(tokens[:-1], self.depth)
             yield "context", length, [(tokens, pos[-self.cap :])] if len(pos) else []
 
-    def join(self) -> None:
-        """Make what this drafter saw generated searchable now (also done at the next prefill
-        and when the drafter is dropped)."""
+    def finish(self) -> None:
+        """A generation ended (Learner): what it generated joins the library now. Tokens a
+        prompt cache adds to the view afterwards join with the next generation's output."""
         _join(self.lib if self.learn else None, self.view)
 
 
@@ -182,13 +182,14 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> SuffixDr
                 f"suffix data {args.path!r} is not a file; accepted: a file from `adaspec "
                 "build-suffix`, 'shipped' (the default) or 'none' (online only)"
             )
-    max_online = args.get("max_online", 1_000_000)
-    lib = library(info, data, depth, max_online, args.get("persist", False), settings.cache)
+    max_online = args.get("max_online", settings.suffix_max_online)
+    persist = args.get("persist", settings.suffix_persist)
+    lib = library(info, data, depth, max_online, persist, settings.cache)
     return SuffixDrafter(
         lib,
         depth=depth,
         min_match=args.get("min_match", 1),
-        min_prob=args.get("min_prob", 0.1),
+        min_prob=args.get("min_prob", 0.2),
         draft_len=args.get("draft_len", 16),
         cap=args.get("cap", 256),
         context=args.get("context", True),

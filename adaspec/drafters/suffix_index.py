@@ -79,10 +79,11 @@ class SuffixIndex:
     def __init__(self, tokens: np.ndarray, depth: int = 32, sa: np.ndarray | None = None):
         if depth < 1:
             raise DrafterError(f"suffix index depth={depth} is invalid; accepted: >= 1")
-        self.tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        tokens = np.asarray(tokens, dtype=np.int32)
         self.depth = depth
-        n = len(self.tokens)
-        self.rev = np.concatenate([self.tokens[::-1], np.full(depth + 1, SEP, np.int32)])
+        n = len(tokens)
+        self.rev = np.concatenate([tokens[::-1], np.full(depth + 1, SEP, np.int32)])
+        self.tokens = self.rev[:n][::-1]  # the forward stream, a view: no second copy
         self.sa = (
             suffix_array(self.rev[:n], max(depth, KEY_TOKENS))
             if sa is None
@@ -111,7 +112,7 @@ class SuffixIndex:
 
     @property
     def nbytes(self) -> int:
-        return self.tokens.nbytes + self.rev.nbytes + self.sa.nbytes + self.keys.nbytes
+        return self.rev.nbytes + self.sa.nbytes + self.keys.nbytes
 
     def match(self, context: Sequence[int], depth: int | None = None) -> Match:
         """The longest suffix of `context` (up to `depth` tokens) that occurs in the index;
