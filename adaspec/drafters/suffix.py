@@ -87,6 +87,7 @@ class SuffixDrafter:
         cap: int = 256,
         context: bool = True,
         learn: bool = True,
+        prior: float = 1.0,
     ):
         if depth < 1 or not 1 <= min_match <= depth:
             raise DrafterError(
@@ -95,12 +96,15 @@ class SuffixDrafter:
             )
         if not 0.0 <= min_prob <= 1.0:
             raise DrafterError(f"suffix min_prob={min_prob} is invalid; accepted: 0..1")
+        if prior < 0:
+            raise DrafterError(f"suffix prior={prior} is invalid; accepted: >= 0")
         if draft_len < 1 or cap < 1:
             raise DrafterError(
                 f"suffix draft_len={draft_len}, cap={cap} are invalid; accepted: both >= 1"
             )
         self.lib, self.depth, self.min_match, self.min_prob = lib, depth, min_match, min_prob
         self.draft_len, self.cap, self.context, self.learn = draft_len, cap, context, learn
+        self.prior = prior  # pseudo-occurrences with no continuation: a lone match is not sure
         self.view = _View()
         self.last_match = 0  # length of the suffix behind the latest draft (0: none)
         self.last_source = ""  # "index" or "context"
@@ -136,7 +140,7 @@ class SuffixDrafter:
         for source, length, streams in self._sources():
             if length < self.min_match:
                 continue
-            w = sx.walk(streams, k, self.min_prob, ctx.tree_nodes)
+            w = sx.walk(streams, k, self.min_prob, ctx.tree_nodes, self.prior)
             score = sum(w.probs)
             if score > best_score:
                 best, best_score = w, score
@@ -194,6 +198,7 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> SuffixDr
         cap=args.get("cap", 256),
         context=args.get("context", True),
         learn=max_online > 0,
+        prior=args.get("prior", 1.0),
     )
 
 
@@ -206,6 +211,7 @@ ENTRY = Entry(
         "draft_len": int,
         "cap": int,
         "context": bool,
+        "prior": float,
         "max_online": int,
         "persist": bool,
     },
