@@ -247,6 +247,8 @@ def test_persistence_round_trip(tmp_path):
     got = again.online[0].tokens.tolist()
     assert got == [5, 6, 7, 8, SEP, 70_000, 1, 2, SEP]
     assert again.online[0].match([9, 5, 6]).length == 2
+    smaller = Library(None, 16, 5, persist=path)  # a smaller bound keeps the newest that fit
+    assert smaller.online[0].tokens.tolist() == [70_000, 1, 2, SEP]
 
 
 def test_data_files_round_trip_and_refuse_another_target(tmp_path):

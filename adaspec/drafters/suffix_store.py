@@ -125,9 +125,11 @@ class Library:
         self.lock = threading.Lock()
         if persist is not None and persist.is_file():
             stream = load_data(persist)
-            if len(stream):
-                self.online = [SuffixIndex(stream, depth)]
-                self._evict()
+            ends = np.flatnonzero(stream == SEP) + 1  # keep the newest sequences that fit
+            starts = np.concatenate([[0], ends[:-1]])
+            fits = starts[len(stream) - starts <= max_online]
+            if len(stream) and len(fits):
+                self.online = [SuffixIndex(stream[int(fits[0]) :], depth)]
 
     def indexes(self) -> list[SuffixIndex]:
         return ([self.fixed] if self.fixed is not None else []) + list(self.online)
