@@ -94,9 +94,10 @@ def replay_one(arms, prompt, answer, stats, cost: float):
     while i < n:
         room = min(MAX_DRAFT, n - i - 1)
         draft, used = (), "plain"
+        ctx = DraftContext((), room)
         t0 = time.perf_counter()
         for a, name in zip(arms_state, stats["names"]):
-            d = a.draft(DraftContext((), room)).tokens if room > 0 else ()
+            d = a.draft(ctx).tokens if room > 0 else ()
             if d:
                 draft, used = d, name
                 break

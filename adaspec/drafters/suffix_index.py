@@ -257,29 +257,44 @@ def _chain(streams, max_len: int, min_prob: float, prior: float) -> Walk:
     probs: list[float] = []
     p = 1.0
     while len(toks) < max_len:
-        nxt = np.concatenate([tok[pos] for tok, pos in streams])
-        if len(nxt) == 1:  # one occurrence left: copy it until SEP or the cut
+        nxts = [tok[pos] for tok, pos in streams]
+        total = sum(len(a) for a in nxts)
+        if total == 1:  # one occurrence left: copy it until SEP or the cut
             tok, pos = streams[0]
             f = 1.0 / (1.0 + prior)
             start = int(pos[0])
-            run = tok[start : start + max_len - len(toks)]
-            for t in run:
+            for t in tok[start : start + max_len - len(toks)].tolist():
                 if t == SEP or p * f < min_prob:
                     break
                 p *= f
-                toks.append(int(t))
+                toks.append(t)
                 probs.append(p)
             break
-        vals, counts = np.unique(nxt, return_counts=True)
-        counts = np.where(vals == SEP, 0, counts)
-        i = int(np.argmax(counts))  # ties: the smallest id
-        f = counts[i] / (len(nxt) + prior)
-        if counts[i] == 0 or p * f < min_prob:
+        t, count = _top(nxts)
+        f = count / (total + prior)
+        if count == 0 or p * f < min_prob:
             break
         p *= f
-        t = int(vals[i])
         toks.append(t)
         probs.append(p)
-        streams = [(tok, pos[tok[pos] == t] + 1) for tok, pos in streams]
+        streams = [(tok, pos[a == t] + 1) for (tok, pos), a in zip(streams, nxts)]
         streams = [(tok, pos) for tok, pos in streams if len(pos)]
     return Walk(tuple(toks), tuple(range(-1, len(toks) - 1)), tuple(probs))
+
+
+def _top(nxts: list[np.ndarray]) -> tuple[int, int]:
+    """The most frequent token other than SEP (ties: the smallest id) and its count; (SEP, 0)
+    when there is none. Few values are counted in Python (numpy's overhead dominates there)."""
+    if sum(len(a) for a in nxts) <= 64:
+        counts: dict[int, int] = {}
+        for a in nxts:
+            for t in a.tolist():
+                counts[t] = counts.get(t, 0) + 1
+        counts.pop(SEP, None)
+        if not counts:
+            return SEP, 0
+        return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    vals, counts = np.unique(np.concatenate(nxts), return_counts=True)
+    counts = np.where(vals == SEP, 0, counts)
+    i = int(np.argmax(counts))  # ties: the smallest id
+    return int(vals[i]), int(counts[i])
