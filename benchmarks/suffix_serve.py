@@ -1,7 +1,8 @@
 """Does `adaspec serve` get faster on the workload it serves? N new conversations of one kind
 (4 turns each), each turn sent to `adaspec serve` (default `auto`, whose suffix arm learns
 every response) and to plain `mlx_lm.server`, interleaved; reports decode tok/s and the speedup
-over plain per conversation, the last 5 against the first 5, and whether the texts match.
+over plain and tau per conversation, the last 5 against the first 5, and whether the texts
+match.
 
     python benchmarks/suffix_serve.py --model smollm2-135m --conversations 20 --json FILE
 """
@@ -95,6 +96,13 @@ def main() -> int:
                     "adaspec_tps": round(spec, 2),
                     "plain_tps": round(plain, 2),
                     "speedup": round(spec / plain, 3) if plain else 0.0,
+                    "tau": round(
+                        statistics.mean(
+                            (t["adaspec"] or {}).get("tau", 1.0)
+                            for t in c["turns"]["adaspec serve"]
+                        ),
+                        3,
+                    ),
                     "same_text": c["same_text"],
                     "usage": [t["adaspec"] for t in c["turns"]["adaspec serve"]],
                 }
@@ -112,14 +120,15 @@ def main() -> int:
     result = {
         "model": a.model,
         "conversations": rows,
-        "first5": {"adaspec_tps": med(first, "adaspec_tps"), "speedup": med(first, "speedup")},
-        "last5": {"adaspec_tps": med(last, "adaspec_tps"), "speedup": med(last, "speedup")},
+        "first5": {k: med(first, k) for k in ("adaspec_tps", "speedup", "tau")},
+        "last5": {k: med(last, k) for k in ("adaspec_tps", "speedup", "tau")},
         "identical_turns": sum(sum(r["same_text"]) for r in rows),
         "turns": sum(len(r["same_text"]) for r in rows),
         "load": Path("/proc/loadavg").read_text().split()[:3],
     }
     result["last5_over_first5"] = {
-        k: round(result["last5"][k] / result["first5"][k], 3) for k in ("adaspec_tps", "speedup")
+        k: round(result["last5"][k] / result["first5"][k], 3)
+        for k in ("adaspec_tps", "speedup", "tau")
     }
     print(json.dumps({k: v for k, v in result.items() if k != "conversations"}, indent=1))
     if a.json:
