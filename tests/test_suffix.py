@@ -295,3 +295,22 @@ def test_a_shipped_file_is_found_by_the_target_shape():
     path = suffix_store.shipped_data(info)
     assert path is not None and len(load_data(path, suffix_store.target_key(info))) > 1_000_000
     assert suffix_store.shipped_data(TargetInfo(None, None, 12, 64, 2, "llama")) is None
+
+
+def test_build_suffix_writes_a_data_file_from_a_response_store(tmp_path, capsys):
+    from adaspec.cli import main
+    from adaspec.train.store import Answer, ResponseStore
+
+    target = {"model_type": "llama", "vocab_size": 12, "hidden_size": 64, "num_layers": 2}
+    store = ResponseStore(tmp_path / "store", {**target, "tokenizer": "t", "weights": "w"})
+    answers = [
+        Answer("k1", "a-1", False, np.array([1, 2], np.int32), np.array([3, 4, 5], np.int32)),
+        Answer("k2", "a-2", True, np.array([6], np.int32), np.array([7, 8], np.int32)),
+    ]
+    store.append(answers, max_new=8)
+    out = tmp_path / "d.npz"
+    assert main(["build-suffix", "--store", str(tmp_path / "store"), "--out", str(out)]) == 0
+    assert load_data(out, target).tolist() == [3, 4, 5, SEP, 7, 8, SEP]
+    assert "5 tokens from 2 sequences" in capsys.readouterr().out
+    assert main(["build-suffix", "--store", str(tmp_path), "--out", str(out)]) == 2
+    assert "has no index.json; accepted: a response store folder" in capsys.readouterr().err

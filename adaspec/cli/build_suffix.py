@@ -54,9 +54,10 @@ def _run(args: argparse.Namespace) -> int:
         target = target_key(target_info(model, tok))
     path = save_data(args.out, seqs, target)
     t0 = time.perf_counter()
-    index = SuffixIndex(load_data(path), args.depth)
+    stream = load_data(path)
+    index = SuffixIndex(stream, args.depth)
     print(
-        f"{path}: {len(index)} tokens from {len(seqs)} sequences, "
+        f"{path}: {int((stream >= 0).sum())} tokens from {len(seqs)} sequences, "
         f"{path.stat().st_size / 1e6:.2f} MB on disk; index built in "
         f"{time.perf_counter() - t0:.2f} s, {index.nbytes / 1e6:.1f} MB in memory"
     )
