@@ -289,18 +289,19 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     info = target_info(target)
     tiny_drafter(target, block=5).save(tmp_path / "ck")
     s = settings_mod.from_env({"ADASPEC_AUTO_PLD_MIN_MATCH": "3"})
-    pld, sfx, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
+    pld, short, dfl = make_arms(f"auto:{tmp_path / 'ck'}", info, s)
     assert isinstance(pld, PromptLookup) and pld.min_ngram == 3 and dfl.block == 5
-    assert isinstance(sfx, SuffixDrafter) and not sfx.context  # PLD covers the request's text
     assert isinstance(short, PromptLookup) and short.min_ngram == 1  # its own estimates
     longer = settings_mod.from_env({"ADASPEC_PLD_MIN_NGRAM": "2"})  # a plain `pld` arm's default
-    assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[2].min_ngram == 1
+    assert make_arms(f"auto:{tmp_path / 'ck'}", info, longer)[1].min_ngram == 1
     got = [type(a) for a in make_arms(f"auto:dflash:{tmp_path / 'ck'}", info, s)]
-    assert got == [PromptLookup, SuffixDrafter, PromptLookup, DFlashDrafter]
-    pld, sfx, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
-    assert pld.min_ngram == 1 and dfl.block == 3
-    got = [type(a) for a in make_arms(f"auto:{tmp_path / 'ck'},suffix=false", info, s)]
     assert got == [PromptLookup, PromptLookup, DFlashDrafter]
+    pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
+    assert pld.min_ngram == 1 and dfl.block == 3
+    # the suffix arm in front of DFlash only when asked for
+    pld, sfx, short, dfl = make_arms(f"auto:{tmp_path / 'ck'},suffix=true", info, s)
+    assert isinstance(sfx, SuffixDrafter) and not sfx.context  # PLD covers the request's text
+    assert isinstance(short, PromptLookup) and isinstance(dfl, DFlashDrafter)
     # no drafter ships for this target: the lookups alone (suffix learns online)
     assert [type(a) for a in make_arms("auto", info, s)] == [
         PromptLookup,
@@ -333,8 +334,8 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
     s = settings_mod.from_env({})
     assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
     got = [type(a) for a in make_arms("auto", info, s)]
-    lookups = [PromptLookup, SuffixDrafter, PromptLookup]
-    assert got == (lookups + [DFlashDrafter] if marked else lookups)
+    want = [PromptLookup, PromptLookup, DFlashDrafter]  # no suffix arm in front of DFlash
+    assert got == (want if marked else [PromptLookup, SuffixDrafter, PromptLookup])
     assert default_spec(info) == "auto"
 
 

@@ -89,42 +89,45 @@ def _entry(name: str) -> Entry:
 def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
     """`auto` is each target's default combination: prompt lookup (matches of at least
     ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N), then suffix lookup over the target's
-    earlier outputs (`suffix`: the data file shipped for the target, if any, and what the
-    process generated; suffix=false drops it), then prompt lookup's shorter matches, in front
-    of a model drafter: the DFlash checkpoint shipped for the target (`auto`, where that
-    checkpoint is marked as beating PLD alone: dflash.in_auto), the DFlash folder named
-    (`auto:DIR[,block=N...]`) or any other drafter (`auto:draft-model:NAME[,k=v]`). Each
-    arm keeps its own estimates; the policy weighs them per step (docs/drafters.md)."""
+    earlier outputs (the data file shipped for the target, if any, and what the process
+    generated), then prompt lookup's shorter matches, in front of a model drafter: the DFlash
+    checkpoint shipped for the target (`auto`, where that checkpoint is marked as beating PLD
+    alone: dflash.in_auto), the DFlash folder named (`auto:DIR[,block=N...]`) or any other
+    drafter (`auto:draft-model:NAME[,k=v]`). The suffix arm is left out in front of DFlash,
+    where it was measured not to pay (docs/drafters.md); suffix=true|false decides instead.
+    Each arm keeps its own estimates; the policy weighs them per step."""
     from .dflash import default_checkpoint, in_auto
 
     options = dict(arm.options)
     min_match = _min_match(arm, options.pop("min_match", str(settings.auto_pld_min_match)))
-    use_suffix = _flag(arm, "suffix", options.pop("suffix", "true"))
-    pld = ArmSpec("pld", None, (("min_ngram", str(min_match)),))
-    short = ArmSpec("pld", None, (("min_ngram", "1"),))
-    lookups = [pld]
-    if use_suffix:
-        lookups.append(ArmSpec("suffix", None, SUFFIX_IN_AUTO))
-    if min_match > 1:
-        lookups.append(short)
+    wanted = options.pop("suffix", None)
     rest = tuple(options.items())
-    if arm.path is None:
-        shipped = default_checkpoint(info)
-        if not rest and (shipped is None or not in_auto(shipped)):
-            return lookups if use_suffix else [ArmSpec("pld")]
-        return [*lookups, ArmSpec("dflash", None, rest)]
-    inner_name, sep, inner_path = arm.path.partition(":")
+    inner_name, sep, inner_path = (arm.path or "").partition(":")
     if inner_name in ("auto", "pld", "none", "suffix"):
         raise DrafterError(
             f"{arm} is invalid: PLD and suffix lookup already come first; accepted: "
             "auto[:DIR] (DFlash) or auto:SPEC with SPEC another drafter, e.g. "
             "auto:draft-model:NAME"
         )
-    if inner_name not in names():  # auto:DIR
-        return [*lookups, ArmSpec("dflash", arm.path, rest)]
-    if inner_name != "dflash":  # the short-match arm was measured in front of DFlash only
-        lookups = [a for a in lookups if a is not short]
-    return [*lookups, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
+    if arm.path is None:
+        shipped = default_checkpoint(info)
+        model = None if not rest and (shipped is None or not in_auto(shipped)) else "dflash"
+        model_arm = ArmSpec("dflash", None, rest)
+    elif inner_name not in names():  # auto:DIR
+        model, model_arm = "dflash", ArmSpec("dflash", arm.path, rest)
+    else:
+        model = inner_name
+        model_arm = ArmSpec(inner_name, inner_path or None if sep else None, rest)
+    use_suffix = _flag(arm, "suffix", wanted) if wanted is not None else model != "dflash"
+    lookups = [ArmSpec("pld", None, (("min_ngram", str(min_match)),))]
+    if use_suffix:
+        lookups.append(ArmSpec("suffix", None, SUFFIX_IN_AUTO))
+    # the short-match arm: in front of DFlash (measured there) and behind the suffix arm
+    if min_match > 1 and (model == "dflash" or (model is None and use_suffix)):
+        lookups.append(ArmSpec("pld", None, (("min_ngram", "1"),)))
+    if model is None:
+        return lookups if use_suffix else [ArmSpec("pld")]
+    return [*lookups, model_arm]
 
 
 # the suffix arm's options in `auto`: prompt lookup in front covers the request's own text
