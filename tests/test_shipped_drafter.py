@@ -55,7 +55,7 @@ def test_shipped_drafter_fits_the_target(shipped):
     assert default_spec(info) == "auto"
 
 
-@pytest.mark.parametrize("drafter", ["auto", "dflash"])
+@pytest.mark.parametrize("drafter", ["auto", "dflash", "auto:suffix=true"])
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_shipped_drafter_output_is_mlx_lm_greedy(shipped, drafter, i):
     model, tok, _, _ = shipped
