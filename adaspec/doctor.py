@@ -147,7 +147,7 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
     from .targets.loader import load
 
     t = time.perf_counter()
-    model, _ = load(name, settings=settings)
+    model, tokenizer = load(name, settings=settings)
     load_s = time.perf_counter() - t
     fast_ops.install(model)
     long = forward_times(model, repeats=repeats, context=LONG_CONTEXT, sizes=LONG_SIZES)
@@ -156,6 +156,38 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
         "load_s": load_s,
         **forward_times(model, repeats=repeats),
         "long_context": long,
+        "suffix": suffix_report(model, tokenizer, settings),
+    }
+
+
+def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, Any]:
+    """The `suffix` drafter's index for this model (as `auto` builds it): tokens, memory,
+    time to build or load it, and the median time of a draft over its own sequences."""
+    from .drafters.base import DraftContext
+    from .drafters.registry import make
+    from .targets.base import target_info
+
+    t = time.perf_counter()
+    drafter = make("suffix:context=false", target_info(model, tokenizer), settings)
+    build_s = time.perf_counter() - t
+    lib = drafter.lib
+    times = []
+    for index in lib.indexes():
+        stream = index.tokens
+        for end in range(1000, min(len(stream), 201_000), 1000):
+            ctx = stream[max(0, end - 64) : end]
+            if (ctx < 0).any():
+                continue
+            drafter.prefill(ctx.tolist(), DraftContext((), 0))
+            t = time.perf_counter()
+            drafter.draft(DraftContext((), 16))
+            times.append(time.perf_counter() - t)
+    return {
+        "tokens": sum(len(i) for i in lib.indexes()),
+        "online_tokens": lib.online_tokens,
+        "bytes": lib.nbytes,
+        "build_s": build_s,
+        "draft_ms_median": statistics.median(times) * 1e3 if times else None,
     }
 
 
@@ -249,6 +281,14 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
             f"roofline      streaming the weights once takes {stream_ms:.1f} ms at "
             f"{lim['read_gbs']:.1f} GB/s; a 1-token step is "
             f"{m['forward_1_ms'] / stream_ms:.2f}x that"
+        )
+    sx = m.get("suffix")
+    if sx:
+        draft = sx["draft_ms_median"]
+        lines.append(
+            f"suffix index  {sx['tokens']} tokens ({sx['online_tokens']} online), "
+            f"{sx['bytes'] / 1e6:.1f} MB, ready in {sx['build_s']:.2f} s; a draft "
+            + (f"{draft:.3f} ms (median)" if draft is not None else "not timed")
         )
     return lines
 

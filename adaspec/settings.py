@@ -112,6 +112,10 @@ class Settings(BaseSettings):
     arm_hold_ema_weight: float = Field(0.1, gt=0, le=1)
     # auto drafter: use PLD when its n-gram match is at least this long, DFlash otherwise
     auto_pld_min_match: int = Field(2, ge=1, le=64)
+    # suffix drafter: most tokens of this process's own outputs kept searchable (0 = no online
+    # learning), and whether they persist under ADASPEC_CACHE across restarts
+    suffix_max_online: int = Field(1_000_000, ge=0, le=1 << 31)
+    suffix_persist: bool = False
     # draft-model drafter: stop a draft at the first token the draft model gives less than this
     # probability (0 = draft as many as the policy allows)
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)

@@ -19,6 +19,7 @@ from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.registry import default_spec, make, make_arms
+from adaspec.drafters.suffix import SuffixDrafter
 from adaspec.errors import DrafterError
 from adaspec.policy import gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
@@ -297,9 +298,19 @@ def test_specs_with_several_arms_and_auto(tmp_path):
     assert got == [PromptLookup, PromptLookup, DFlashDrafter]
     pld, dfl = make_arms(f"auto:{tmp_path / 'ck'},min_match=01,block=3", info, s)
     assert pld.min_ngram == 1 and dfl.block == 3
-    (only,) = make_arms("auto", info, s)  # no drafter ships for this target: PLD alone
+    # the suffix arm in front of DFlash only when asked for
+    pld, sfx, short, dfl = make_arms(f"auto:{tmp_path / 'ck'},suffix=true", info, s)
+    assert isinstance(sfx, SuffixDrafter) and not sfx.context  # PLD covers the request's text
+    assert isinstance(short, PromptLookup) and isinstance(dfl, DFlashDrafter)
+    # no drafter ships for this target: the lookups alone (suffix learns online)
+    assert [type(a) for a in make_arms("auto", info, s)] == [
+        PromptLookup,
+        SuffixDrafter,
+        PromptLookup,
+    ]
+    (only,) = make_arms("auto:suffix=0", info, s)
     assert isinstance(only, PromptLookup) and only.min_ngram == 1
-    assert default_spec(info) == "pld"
+    assert default_spec(info) == "auto"
     arms = make_arms(f"pld:max_ngram=4+dflash:{tmp_path / 'ck'},block=4", info, s)
     assert [type(a) for a in arms] == [PromptLookup, DFlashDrafter]
     assert arms[0].max_ngram == 4 and arms[1].block == 4
@@ -323,8 +334,9 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
     s = settings_mod.from_env({})
     assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
     got = [type(a) for a in make_arms("auto", info, s)]
-    assert got == ([PromptLookup, PromptLookup, DFlashDrafter] if marked else [PromptLookup])
-    assert default_spec(info) == ("auto" if marked else "pld")
+    want = [PromptLookup, PromptLookup, DFlashDrafter]  # no suffix arm in front of DFlash
+    assert got == (want if marked else [PromptLookup, SuffixDrafter, PromptLookup])
+    assert default_spec(info) == "auto"
 
 
 @pytest.mark.parametrize(
@@ -339,7 +351,9 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
         ("pld:max_ngram=2,max_ngram=3", "pld argument max_ngram is given twice"),
         ("draft-model:m,q=maybe", "draft-model argument q='maybe' is not a bool"),
         ("pld:,x", "pld argument 'x' is invalid; accepted: KEY=VALUE"),
-        ("auto:pld", "PLD already comes first"),
+        ("auto:pld", "PLD and suffix lookup already come first"),
+        ("auto:suffix", "PLD and suffix lookup already come first"),
+        ("auto:dflash,suffix=maybe", "suffix='maybe' is invalid; accepted: true or false"),
         ("auto:dflash,min_match=x", "min_match='x' is invalid; accepted: an integer 1..64"),
         ("auto:draft-model:m,min_match=0", "min_match='0' is invalid; accepted: an integer 1..64"),
         ("", "drafter spec '' is empty"),

@@ -135,7 +135,7 @@ def test_cli_bench_with_a_peer_draft_and_the_default_drafter(tmp_path):
     argv += ["--max-tokens", "8", "--repeats", "1", "--ignore-chat-template", "--json", str(out)]
     assert main([*argv, "--peer", "mlx-lm-spec", "--peer-draft", str(draft), "--peer-k", "2"]) == 0
     res = json.loads(out.read_text())
-    assert res["config"]["drafter"] == "pld"  # no DFlash drafter ships for this model
+    assert res["config"]["drafter"] == "auto"  # prompt and suffix lookup where no DFlash ships
     (r,) = res["records"]
     assert r["identical"] and r["peer_identical"] and r["peer_k"] == 2 and r["tokens"] == 8
 

@@ -54,6 +54,9 @@ def test_collect_with_a_model(tmp_path, cache):
     assert lim["read_gbs"] > 0 and lim["triad_gbs"] > 0 and lim["peak_gflops"] > 0
     text = doctor.format_report(d)
     assert "verify cost" in text and "roofline" in text and "GB/s" in text
+    sx = m["suffix"]  # no data ships for this target: the index holds what the process made
+    assert sx["tokens"] == sx["online_tokens"] and sx["build_s"] >= 0
+    assert "suffix index" in text
     assert ("GEMM ms" in text) == (blas.routed_seconds() is not None)
     long = m["long_context"]  # the ops outside the GEMMs per token row, at a long context too
     assert long["context"] == doctor.LONG_CONTEXT

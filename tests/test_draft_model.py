@@ -333,7 +333,10 @@ def test_auto_puts_pld_in_front_of_a_draft_model_and_stays_lossless(tmp_path):
     s = from_env({}, cache=str(tmp_path / "cache"))
     target = TARGETS["qwen3"]
     info = target_info(target, TOK)
-    pld, lm = registry.make_arms(f"auto:draft-model:{folder},min_p1=0.2,min_match=2", info, s)
+    spec = f"auto:draft-model:{folder},min_p1=0.2,min_match=2"
+    pld, sfx, lm = registry.make_arms(spec, info, s)
+    assert isinstance(pld, PromptLookup) and isinstance(lm, DraftLM) and sfx.name == "suffix"
+    pld, lm = registry.make_arms(spec + ",suffix=false", info, s)
     assert isinstance(pld, PromptLookup) and isinstance(lm, DraftLM)
     assert pld.min_ngram == 2 and lm.min_p1 == 0.2
     prompt = [5, 6, 7, 8, 9, 10, 11] * 3 + [40, 41]
@@ -342,5 +345,5 @@ def test_auto_puts_pld_in_front_of_a_draft_model_and_stays_lossless(tmp_path):
     out = [e.token for e in decode(dec, prompt)]
     assert out == ar_greedy(target, prompt, 30)
     assert dec.stats.by_arm["draft-model"]["steps"] > 0 and pld.tokens == prompt + out
-    with pytest.raises(DrafterError, match="PLD already comes first"):
+    with pytest.raises(DrafterError, match="PLD and suffix lookup already come first"):
         registry.make("auto:pld", info, s)

@@ -50,12 +50,12 @@ def test_shipped_drafter_fits_the_target(shipped):
     assert (folder / "README.md").is_file()  # the model card
     drafter = dflash.load(folder, info)
     assert drafter.model.cfg.target_layer_ids == tuple(d["target_layer_ids"])
-    # auto takes the shipped drafter only once it is marked as beating PLD alone (in_auto);
-    # until then the CLI's default is PLD and the drafter is one name away
-    assert default_spec(info) == ("auto" if dflash.in_auto(folder) else "pld")
+    # the CLI's default is auto, which takes the shipped drafter only once it is marked as
+    # beating PLD alone (in_auto); until then the drafter is one name away
+    assert default_spec(info) == "auto"
 
 
-@pytest.mark.parametrize("drafter", ["auto", "dflash"])
+@pytest.mark.parametrize("drafter", ["auto", "dflash", "auto:suffix=true"])
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 def test_shipped_drafter_output_is_mlx_lm_greedy(shipped, drafter, i):
     model, tok, _, _ = shipped

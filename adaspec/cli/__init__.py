@@ -9,7 +9,7 @@ import sys
 
 from ..errors import AdaspecError
 
-SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash", "serve")
+SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash", "serve", "build_suffix")
 
 
 def build_parser() -> argparse.ArgumentParser:

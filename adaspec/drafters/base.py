@@ -174,3 +174,13 @@ class LazyDrafter(Protocol):
     """
 
     def draft_ids(self, ctx: DraftContext) -> mx.array | None: ...
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """An optional capability: learn from what the target generated. The controller calls
+    finish() once a generation ends (finished, stopped or abandoned), with the drafter's view
+    at the committed tokens; the view is unchanged, and the next generation may continue it
+    (a prompt cache) or start afresh with prefill."""
+
+    def finish(self) -> None: ...

@@ -30,6 +30,7 @@ _BUILTINS = {
     "pld": "adaspec.drafters.pld:ENTRY",
     "dflash": "adaspec.drafters.dflash:ENTRY",
     "draft-model": "adaspec.drafters.draft_model:ENTRY",
+    "suffix": "adaspec.drafters.suffix:ENTRY",
 }
 _FACTORIES: dict[str, Entry | str] = {}
 _entry_points_loaded = False
@@ -87,35 +88,58 @@ def _entry(name: str) -> Entry:
 
 def expand_auto(arm: ArmSpec, info: TargetInfo, settings: Settings) -> list[ArmSpec]:
     """`auto` is each target's default combination: prompt lookup (matches of at least
-    ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N) in front of a model drafter, which is
-    the DFlash checkpoint shipped for the target (`auto`, where that checkpoint is marked as
-    beating PLD alone: dflash.in_auto), the DFlash folder named (`auto:DIR[,block=N...]`) or
-    any other drafter (`auto:draft-model:NAME[,k=v]`). Otherwise `auto` is PLD alone.
-    In front of DFlash a second prompt-lookup arm takes the shorter matches, with estimates of
-    its own: the policy weighs them against the DFlash draft (docs/drafters.md)."""
+    ADASPEC_AUTO_PLD_MIN_MATCH tokens, or min_match=N), then suffix lookup over the target's
+    earlier outputs (the data file shipped for the target, if any, and what the process
+    generated), then prompt lookup's shorter matches, in front of a model drafter: the DFlash
+    checkpoint shipped for the target (`auto`, where that checkpoint is marked as beating PLD
+    alone: dflash.in_auto), the DFlash folder named (`auto:DIR[,block=N...]`) or any other
+    drafter (`auto:draft-model:NAME[,k=v]`). The suffix arm is left out in front of DFlash,
+    where it was measured not to pay (docs/drafters.md); suffix=true|false decides instead.
+    Each arm keeps its own estimates; the policy weighs them per step."""
     from .dflash import default_checkpoint, in_auto
 
     options = dict(arm.options)
     min_match = _min_match(arm, options.pop("min_match", str(settings.auto_pld_min_match)))
-    pld = ArmSpec("pld", None, (("min_ngram", str(min_match)),))
-    short = ArmSpec("pld", None, (("min_ngram", "1"),))
-    before_dflash = [pld] if min_match == 1 else [pld, short]
+    wanted = options.pop("suffix", None)
     rest = tuple(options.items())
+    inner_name, sep, inner_path = (arm.path or "").partition(":")
+    if inner_name in ("auto", "pld", "none", "suffix"):
+        raise DrafterError(
+            f"{arm} is invalid: PLD and suffix lookup already come first; accepted: "
+            "auto[:DIR] (DFlash) or auto:SPEC with SPEC another drafter, e.g. "
+            "auto:draft-model:NAME"
+        )
     if arm.path is None:
         shipped = default_checkpoint(info)
-        if not rest and (shipped is None or not in_auto(shipped)):
-            return [ArmSpec("pld")]
-        return [*before_dflash, ArmSpec("dflash", None, rest)]
-    inner_name, sep, inner_path = arm.path.partition(":")
-    if inner_name in ("auto", "pld", "none"):
-        raise DrafterError(
-            f"{arm} is invalid: PLD already comes first; accepted: auto[:DIR] (DFlash) or "
-            "auto:SPEC with SPEC another drafter, e.g. auto:draft-model:NAME"
-        )
-    if inner_name not in names():  # auto:DIR
-        return [*before_dflash, ArmSpec("dflash", arm.path, rest)]
-    lookups = before_dflash if inner_name == "dflash" else [pld]
-    return [*lookups, ArmSpec(inner_name, inner_path or None if sep else None, rest)]
+        model = None if not rest and (shipped is None or not in_auto(shipped)) else "dflash"
+        model_arm = ArmSpec("dflash", None, rest)
+    elif inner_name not in names():  # auto:DIR
+        model, model_arm = "dflash", ArmSpec("dflash", arm.path, rest)
+    else:
+        model = inner_name
+        model_arm = ArmSpec(inner_name, inner_path or None if sep else None, rest)
+    use_suffix = _flag(arm, "suffix", wanted) if wanted is not None else model != "dflash"
+    lookups = [ArmSpec("pld", None, (("min_ngram", str(min_match)),))]
+    if use_suffix:
+        lookups.append(ArmSpec("suffix", None, SUFFIX_IN_AUTO))
+    # the short-match arm: in front of DFlash (measured there) and behind the suffix arm
+    if min_match > 1 and (model == "dflash" or (model is None and use_suffix)):
+        lookups.append(ArmSpec("pld", None, (("min_ngram", "1"),)))
+    if model is None:
+        return lookups if use_suffix else [ArmSpec("pld")]
+    return [*lookups, model_arm]
+
+
+# the suffix arm's options in `auto`: prompt lookup in front covers the request's own text
+# (benchmarks/suffix_replay.py: the same tau, less drafting time)
+SUFFIX_IN_AUTO = (("context", "false"),)
+
+
+def _flag(arm: ArmSpec, key: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise DrafterError(f"{arm}: {key}={value!r} is invalid; accepted: true or false")
+    return v in ("1", "true", "yes", "on")
 
 
 def _min_match(arm: ArmSpec, value: str) -> int:
@@ -159,9 +183,6 @@ def make(spec: str, info: TargetInfo, settings: Settings) -> DraftModel | None:
 
 
 def default_spec(info: TargetInfo) -> str:
-    """The drafter the CLI uses when none is named: `auto` (PLD, then the DFlash drafter
-    shipped for the target) where that drafter is marked as paying, `pld` otherwise."""
-    from .dflash import default_checkpoint, in_auto
-
-    shipped = default_checkpoint(info)
-    return "auto" if shipped is not None and in_auto(shipped) else "pld"
+    """The drafter the CLI uses when none is named: `auto` (prompt lookup, suffix lookup and,
+    where one ships marked as paying, the target's DFlash drafter)."""
+    return "auto"

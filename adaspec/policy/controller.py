@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter
+from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter, Learner
 from ..targets.base import Forward, Target
 from . import sampling
 from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
@@ -349,4 +349,7 @@ def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
         decoder.unwind(pending)
         # after an error mid-step the cache may hold fed tokens past the newest committed one
         decoder.target.rollback(decoder.target.offset - (len(decoder.committed) - 1))
+        for arm in decoder.arms:
+            if isinstance(arm, Learner):
+                arm.finish()
         decoder.stats.policy = decoder.policy.summary()
