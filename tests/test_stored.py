@@ -241,3 +241,29 @@ def test_smollm2_stored_logits_equal_the_fp32_expansion(tmp_path):
             model(mx.array(ids[:-rows])[None], cache=cache)
             got.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
         assert same_bits(got[0], got[1]), rows
+
+
+@pytest.mark.parametrize("half", ["bfloat16", "float16"])
+def test_bf16_and_fp16_checkpoints_are_read_at_their_stored_bits(half):
+    """A Hugging Face style model in bf16 / fp16: its 2-byte matrices stay as stored and the
+    logits equal those of the same model cast to fp32, bit for bit, at 1-32 rows."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from adaspec.targets.stored_model import from_halves
+
+    on, off = tiny_model("llama", seed=3), tiny_model("llama", seed=3)
+    for m in (on, off):
+        m.set_dtype(getattr(mx, half))
+    off.set_dtype(mx.float32)
+    assert from_halves(on) == 2 * 7 + 1  # 7 matrices a layer and the (tied) embedding
+    assert isinstance(on.model.embed_tokens, stored.StoredEmbedding)
+    ids = list(range(3, 80))
+    for rows in (1, 4, 16, 32):
+        got = []
+        for model in (on, off):
+            cache = make_prompt_cache(model)
+            model(mx.array(ids[:-rows])[None], cache=cache)
+            got.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
+        assert same_bits(got[0], got[1]), rows

@@ -56,6 +56,8 @@ def load(
         from .gguf import check_dtype
 
         model.set_dtype(getattr(mx, check_dtype(dtype)))
+    elif dtype is None and not from_gguf and stored_model.enabled(settings):
+        stored_model.from_halves(model)  # bf16 / fp16 weights read as stored, fp32 compute
     return _fast(model, tokenizer)
 
 

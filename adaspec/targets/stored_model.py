@@ -84,3 +84,37 @@ def _module(model: Any, path: str) -> Any:
     for part in path.split(".") if path else ():
         node = node[int(part)] if isinstance(node, list) else getattr(node, part)
     return node
+
+
+def from_halves(model: Any) -> int:
+    """An mlx-lm model whose weights are bf16 or fp16 (most Hugging Face checkpoints) onto
+    fp32 compute without an fp32 copy: each such linear or embedding matrix is read at its
+    2-byte stored bits (exactly its fp32 expansion), every other float parameter becomes
+    fp32. Returns how many matrices stay stored."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    from ..kernels import stored
+
+    kinds = {mx.bfloat16: "BF16", mx.float16: "F16"}
+    owners = {n: m for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)}
+    chosen = []
+    for name, p in tree_flatten(model.parameters()):
+        path, _, leaf = name.rpartition(".")
+        if leaf == "weight" and path in owners and p.dtype in kinds and p.ndim == 2:
+            if stored.readable(kinds[p.dtype], tuple(p.shape)):
+                chosen.append((name, kinds[p.dtype], p))
+    if not chosen:
+        return 0
+    registry = stored.Registry()
+    weights = []
+    for name, kind, p in chosen:
+        raw = np.array(p.view(mx.uint16)).view(np.uint8).reshape(p.shape[0], -1)
+        weights.append((name, registry.add(stored.make(kind, raw, p.shape[1]))))
+    _install(model, weights)
+    model.adaspec_stored = registry
+    model.set_dtype(mx.float32)  # the rest (norms, biases); the stored views are fp32 already
+    mx.eval(model.parameters())
+    return len(weights)
