@@ -73,6 +73,19 @@ def blocks_of(type_name: str, rng: np.random.Generator) -> np.ndarray:
     return np.ascontiguousarray(raw).reshape(-1, k // elems * size)
 
 
+def last_logits(models, ids: list[int], rows: int) -> list[np.ndarray]:
+    """Each model's logits for the last `rows` of `ids`, after a prefill of the rest."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    out = []
+    for model in models:
+        cache = make_prompt_cache(model)
+        model(mx.array(ids[:-rows])[None], cache=cache)  # past 32 rows: the library's path
+        out.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
+    return out
+
+
 @pytest.fixture(params=["avx2", "avx512"])
 def isa(request):
     lib = blas._router
@@ -154,9 +167,7 @@ def tiny_models(tmp_path_factory):
 
 
 def test_a_stored_model_gives_the_expansions_logits_bit_for_bit(tiny_models):
-    import mlx.core as mx
     from gguf_fixtures import TEXT
-    from mlx_lm.models.cache import make_prompt_cache
 
     for (arch, qtype), (on, off, tok) in tiny_models.items():
         assert isinstance(on.model.embed_tokens, stored.StoredEmbedding), qtype
@@ -164,12 +175,7 @@ def test_a_stored_model_gives_the_expansions_logits_bit_for_bit(tiny_models):
         assert on.adaspec_stored.nbytes > 0
         ids = tok.encode(TEXT)[:120]
         for rows in (1, 2, 4, 8, 16, 32, 40):  # 40: a GEMM past the kernel's 32 rows
-            got = []
-            for model in (on, off):
-                cache = make_prompt_cache(model)
-                model(mx.array(ids[:-rows])[None], cache=cache)  # a prefill of > 32 rows
-                got.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
-            assert same_bits(got[0], got[1]), (arch, qtype, rows)
+            assert same_bits(*last_logits((on, off), ids, rows)), (arch, qtype, rows)
 
 
 def test_a_restricted_head_keeps_its_rows_stored(tiny_models):
@@ -219,8 +225,6 @@ def test_a_gemm_the_router_cannot_serve_stops_with_a_message(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_stored_logits_equal_the_fp32_expansion(tmp_path):
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from adaspec.settings import from_env
     from adaspec.targets import catalogue, loader
@@ -235,12 +239,7 @@ def test_smollm2_stored_logits_equal_the_fp32_expansion(tmp_path):
     assert on.adaspec_stored.nbytes < 110e6  # the file's 98 MB, not fp32's 540 MB
     ids = tok.encode("Summarize: the river rose after three days of rain in the valley. " * 4)
     for rows in (1, 2, 4, 8, 16, 32):
-        got = []
-        for model in (on, off):
-            cache = make_prompt_cache(model)
-            model(mx.array(ids[:-rows])[None], cache=cache)
-            got.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
-        assert same_bits(got[0], got[1]), rows
+        assert same_bits(*last_logits((on, off), ids, rows)), rows
 
 
 @pytest.mark.parametrize("half", ["bfloat16", "float16"])
@@ -248,7 +247,6 @@ def test_bf16_and_fp16_checkpoints_are_read_at_their_stored_bits(half):
     """A Hugging Face style model in bf16 / fp16: its 2-byte matrices stay as stored and the
     logits equal those of the same model cast to fp32, bit for bit, at 1-32 rows."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
     from tiny import tiny_model
 
     from adaspec.targets.stored_model import from_halves
@@ -261,9 +259,4 @@ def test_bf16_and_fp16_checkpoints_are_read_at_their_stored_bits(half):
     assert isinstance(on.model.embed_tokens, stored.StoredEmbedding)
     ids = list(range(3, 80))
     for rows in (1, 4, 16, 32):
-        got = []
-        for model in (on, off):
-            cache = make_prompt_cache(model)
-            model(mx.array(ids[:-rows])[None], cache=cache)
-            got.append(np.array(model(mx.array(ids[-rows:])[None], cache=cache)))
-        assert same_bits(got[0], got[1]), rows
+        assert same_bits(*last_logits((on, off), ids, rows)), rows
