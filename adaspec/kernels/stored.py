@@ -57,15 +57,21 @@ def row_bytes(type_name: str, k: int) -> int:
     return k // elems * size
 
 
+def _rows(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
+    """`raw` as contiguous uint8 rows of k values of `type_name`; a wrong width is an error."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.ndim != 2 or raw.shape[1] != row_bytes(type_name, k):
+        raise ValueError(f"{type_name} rows of {k} values take {row_bytes(type_name, k)} bytes")
+    return raw
+
+
 def values(type_name: str, raw: np.ndarray, k: int, *, vector: bool = True) -> np.ndarray:
     """The fp32 values of stored rows `raw` (uint8, rows x row_bytes): the kernel's widening
     (vector) or the reference (one scalar operation per numpy operation of the converter)."""
     lib = getattr(blas, "_router", None)
     if lib is None:
         raise ModelLoadError("stored weights need adaspec's routed kernel (ADASPEC_BLAS=routed)")
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
-    if raw.ndim != 2 or raw.shape[1] != row_bytes(type_name, k):
-        raise ValueError(f"{type_name} rows of {k} values take {row_bytes(type_name, k)} bytes")
+    raw = _rows(type_name, raw, k)
     out = np.empty((raw.shape[0], k), np.float32)
     lib.adaspec_stored_values(
         ctypes.c_int(int(vector)),
@@ -102,10 +108,8 @@ class Stored:
 
 def make(type_name: str, raw: np.ndarray, k: int) -> Stored:
     """A Stored matrix over a copy of `raw` (uint8 rows) in mlx memory; not yet registered."""
-    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    raw = _rows(type_name, raw, k)
     n = raw.shape[0]
-    if raw.ndim != 2 or raw.shape[1] != row_bytes(type_name, k):
-        raise ValueError(f"{type_name} rows of {k} values take {row_bytes(type_name, k)} bytes")
     flat = raw.reshape(-1)
     pad = -flat.size % 4
     if pad:

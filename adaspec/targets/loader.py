@@ -79,16 +79,14 @@ def resolve(
 ) -> tuple[str, bool]:
     """(what to pass to mlx_lm.load, whether it is a GGUF conversion); converts if needed."""
     settings = settings or get_settings()
-    name = os.fspath(path_or_name)
-    if name in catalogue.ENTRIES:
-        src = catalogue.require(name, settings)
-        sha = catalogue.entry(name).sha256
+    source = gguf_source(path_or_name, settings)
+    if source is not None:
+        src, sha = source
         return str(
             converted(src, dtype=dtype, settings=settings, sha256=sha, progress=progress)
         ), True
+    name = os.fspath(path_or_name)
     p = Path(name).expanduser()
-    if p.suffix.lower() == ".gguf" or (p.is_file() and _is_gguf(p)):
-        return str(converted(p, dtype=dtype, settings=settings, progress=progress)), True
     if p.is_dir():
         if not (p / "config.json").is_file():
             raise ModelLoadError(f"{name!r} is a folder without config.json, not an mlx-lm model")
