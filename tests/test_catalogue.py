@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import subprocess
 import sys
 import zipfile
@@ -18,7 +17,6 @@ from adaspec.errors import ModelLoadError
 from adaspec.settings import from_env
 from adaspec.targets import catalogue
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 PAYLOAD = bytes(range(256)) * 40 + b"tail"  # 10,244 bytes split over 3 parts
 
 
@@ -114,22 +112,6 @@ def test_list_shows_every_entry(settings):
     assert all(r.size == catalogue.entry(name).size for name, r in rows.items())
     assert rows["qwen2.5-coder-0.5b"].state == "missing"  # a fresh cache holds nothing
     assert all(r.description for r in rows.values())
-
-
-def _design_section(title: str) -> str:
-    design = SHARED / "DESIGN.md"
-    if not design.is_file():
-        pytest.skip(f"{design} is absent (the design notes live beside the repo)")
-    return design.read_text().split(f"## {title}", 1)[1].split("\n## ", 1)[0]
-
-
-@pytest.mark.parametrize("name", [n for n, e in catalogue.ENTRIES.items() if e.parts])
-def test_chunked_entries_match_the_design_notes(name):
-    e = catalogue.entry(name)
-    notes = _design_section("7. Real models that install offline")
-    where = notes.index(f"`{e.dist}1..{e.parts}=={e.version}`")
-    size, sha = re.search(r"([\d,]+) bytes,\s+sha256 ([0-9a-f]{64})", notes[where:]).groups()
-    assert (int(size.replace(",", "")), sha) == (e.size, e.sha256)
 
 
 def _on_disk(e: catalogue.Entry) -> Path | None:

@@ -17,8 +17,6 @@ from adaspec.settings import from_env
 from adaspec.targets import catalogue, loader
 from adaspec.targets import gguf as g
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
 
 @pytest.fixture(params=["off", "on"])
 def settings(tmp_path, request):
@@ -211,9 +209,9 @@ def test_catalogue_checksum_is_verified_before_conversion(tiny_gguf, settings, m
 
 
 def _paragraph() -> str:
-    news = SHARED / "corpus" / "news.txt"
-    if not news.is_file():
-        pytest.skip(f"{news} is absent (the shared corpus lives beside the repo)")
+    from adaspec.train.corpus import SHIPPED_CORPUS
+
+    news = SHIPPED_CORPUS / "news.txt"
     return next(line for line in news.read_text().splitlines() if line.strip())
 
 

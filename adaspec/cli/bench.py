@@ -33,6 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
     p.add_argument("--json", default=None, help="write records + summary here")
     p.add_argument(
+        "--plot",
+        default=None,
+        metavar="FILE.png",
+        help="draw speedup per category, acceptance by draft position and floored steps here "
+        "(needs matplotlib: the `plot` extra)",
+    )
+    p.add_argument(
         "--peer",
         default=None,
         metavar="mlx-lm-spec",
@@ -63,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repeats < 1:
         raise GenerationArgumentError(f"--repeats={args.repeats} is invalid; accepted: >= 1")
+    if args.plot:  # fail before the run, not after it
+        from ..bench.plot import pyplot
+
+        pyplot()
     suite = select(load_suite(args.suite), args.category, args.grounded, args.limit)
     model, tokenizer = load_model(args.model)
     drafter = drafter_spec(args, model, tokenizer)
@@ -83,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     print(markdown(result["records"], result["summary"]))
     if args.json:
         save(result, args.json)
+    if args.plot:
+        from ..bench.plot import plot
+
+        print(f"plot: {plot(result, args.plot)}")
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 from dataclasses import fields, replace
 from pathlib import Path
 
+from ..train.corpus import SHIPPED_CORPUS
 from ..train.recipe import Hyper, Recipe, tiny_recipe
 from .common import DEFAULT_MODEL, load_model
 
@@ -27,7 +28,9 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--out", required=True, help="output folder (checkpoint + work/ for resume)")
     p.add_argument(
-        "--corpus", default="../shared/corpus", help="folder with news.txt and code_modules.txt"
+        "--corpus",
+        default=str(SHIPPED_CORPUS),
+        help="folder with news.txt and code_modules.txt (default: the corpus adaspec ships)",
     )
     p.add_argument("--tiny", action="store_true", help="a minutes-long end-to-end run (CI)")
     p.add_argument(

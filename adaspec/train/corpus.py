@@ -19,6 +19,9 @@ from pathlib import Path
 
 from .objective import TrainingError
 
+# the corpus that ships with adaspec (news.txt, code_modules.txt); --corpus DIR replaces it
+SHIPPED_CORPUS = Path(__file__).resolve().parent / "corpus_data"
+
 NEWS_TASKS = (
     "Summarize the following news article in a few sentences.\n\n{text}",
     "List the people, places and organisations named in this article, one per line.\n\n{text}",

@@ -1,0 +1,146 @@
+"""A bench result as one picture: speedup per category against mlx-lm's AR (and the peer, when
+the run had one), acceptance by draft position, and the share of floored steps per category.
+
+`adaspec bench --plot FILE.png` draws it after a run; `python -m adaspec.bench.plot RESULT.json
+FILE.png` draws it from a saved `--json` result. matplotlib is an optional extra
+(`pip install "adaspec[plot]"`)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from ..errors import AdaspecError
+from .report import summarize
+
+
+class PlotError(AdaspecError):
+    """The plot cannot be drawn: matplotlib is missing, or the result holds no records."""
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise PlotError(
+            'plotting needs matplotlib: pip install "adaspec[plot]" (or pip install matplotlib)'
+        ) from e
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def category_order(summary: dict, records: list[dict]) -> list[str]:
+    """Categories grounded first, each group by falling median speedup."""
+    grounded = {r["category"]: r["grounded"] for r in records}
+    return sorted(
+        summary["by_category"],
+        key=lambda c: (not grounded[c], -summary["by_category"][c]["median_speedup"]),
+    )
+
+
+def acceptance_by_position(records: list[dict]) -> list[float]:
+    """Mean over prompts of the acceptance at each draft position (prompts whose drafts never
+    reached a position do not count for it)."""
+    rows = [r.get("acceptance_by_position") or [] for r in records]
+    longest = max((len(a) for a in rows), default=0)
+    out = []
+    for i in range(longest):
+        at = [a[i] for a in rows if len(a) > i]
+        out.append(statistics.fmean(at))
+    return out
+
+
+def _speedups(ax, cats: list[str], summary: dict, grounded: dict, peer: bool) -> None:
+    x = range(len(cats))
+    width = 0.4 if peer else 0.7
+    colors = ["tab:blue" if grounded[c] else "tab:orange" for c in cats]
+    spec = [summary["by_category"][c]["median_speedup"] for c in cats]
+    ax.bar([i - width / 2 * peer for i in x], spec, width, color=colors)
+    if peer:
+        vs = [summary["by_category"][c]["median_spec_vs_peer"] for c in cats]
+        ax.bar([i + width / 2 for i in x], vs, width, color=colors, hatch="//", alpha=0.6)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(list(x), cats, rotation=35, ha="right")
+    ax.set_ylabel("decode speedup (median over prompts)")
+    a = summary["all"]
+    ax.set_title(
+        f"speedup: all {a['median_speedup']:.2f}x, grounded "
+        f"{summary['grounded']['median_speedup']:.2f}x, open "
+        f"{summary['open']['median_speedup']:.2f}x; identical {a['identical']}/{a['prompts']}"
+    )
+    from matplotlib.patches import Patch
+
+    keys = [Patch(color="tab:blue", label="grounded, vs mlx-lm AR")]
+    keys.append(Patch(color="tab:orange", label="open, vs mlx-lm AR"))
+    if peer:
+        keys.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="vs mlx-lm spec"))
+    ax.legend(handles=keys, loc="upper right")
+
+
+def _acceptance(ax, records: list[dict]) -> None:
+    for label, rs in (
+        ("grounded", [r for r in records if r["grounded"]]),
+        ("open", [r for r in records if not r["grounded"]]),
+    ):
+        acc = acceptance_by_position(rs)
+        if acc:
+            ax.plot(range(1, len(acc) + 1), acc, marker="o", label=label)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (mean over prompts)")
+    ax.set_ylim(0, 1)
+    ax.set_title("acceptance by draft position")
+    ax.legend(loc="upper right")
+
+
+def _floored(ax, cats: list[str], summary: dict) -> None:
+    share = [summary["by_category"][c]["floored_fraction"] for c in cats]
+    ax.bar(range(len(cats)), share, 0.7, color="tab:gray")
+    ax.set_xticks(range(len(cats)), cats, rotation=35, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of steps (median)")
+    ax.set_title("plain steps (floors and the policy's AR measurements)")
+
+
+def plot(result: dict, path: str | Path, title: str | None = None) -> Path:
+    """Draw `result` (what `adaspec bench --json` writes: records, summary, config) to `path`."""
+    records = result.get("records") or []
+    if not records:
+        raise PlotError("the result holds no records; accepted: the JSON `adaspec bench` writes")
+    summary = summarize(records)
+    cats = category_order(summary, records)
+    peer = "median_spec_vs_peer" in summary["all"]
+    plt = pyplot()
+    fig = plt.figure(figsize=(12, 7.5))
+    grid = fig.add_gridspec(2, 2, height_ratios=(1.2, 1))
+    grounded = {r["category"]: r["grounded"] for r in records}
+    _speedups(fig.add_subplot(grid[0, :]), cats, summary, grounded, peer)
+    _acceptance(fig.add_subplot(grid[1, 0]), records)
+    _floored(fig.add_subplot(grid[1, 1]), cats, summary)
+    cfg = result.get("config", {})
+    fig.suptitle(title or f"{cfg.get('model', '?')}, --drafter {cfg.get('drafter', '?')}")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("usage: python -m adaspec.bench.plot RESULT.json FILE.png", file=sys.stderr)
+        return 2
+    try:
+        plot(json.loads(Path(args[0]).read_text()), args[1])
+    except (OSError, ValueError, PlotError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
