@@ -64,9 +64,6 @@ def test_cli_bench_defaults_to_the_shipped_suite(tmp_path):
     assert res["records"][0]["identical"]
 
 
-# train-dflash's corpus default is the development corpus beside the checkout; it is left to
-# the trainer's owners (a corpus shipped as package data, or a required flag)
-KNOWN_OUTSIDE = {("train-dflash", "corpus")}
 
 
 def test_no_cli_default_points_outside_the_project():
@@ -79,4 +76,4 @@ def test_no_cli_default_points_outside_the_project():
         for action in parser._actions
         if isinstance(action.default, str) and any(w in action.default for w in ("..", "shared"))
     }
-    assert outside == KNOWN_OUTSIDE
+    assert not outside
