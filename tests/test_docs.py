@@ -36,9 +36,13 @@ RESULT_NAME = re.compile(r"results/([A-Za-z0-9_.-]+\.(?:jsonl|json|png))")
 # words that tell how the project got here; that belongs in CHANGELOG.md
 HISTORY = re.compile(
     r"\bsessions?\b|\bthe issue\b|\bissue \d|\bprevious\b|\bused to\b|\bno longer\b"
-    r"|\bcommit [0-9a-f]{7}\b|\bs\d-|\bbefore the (fix|change)|\bafter the fix\b|\bnot yet\b",
+    r"|\bcommit [0-9a-f]{7}\b|\bs\d-|\bbefore the (fix|change)|\bafter the fix\b|\bnot yet\b"
+    r"|\brun \d+\b|\bnot shipped\b|\bearlier (runs?|figures?|results?|measurements?|versions?|sessions?)\b|\bbefore (the |its |adaspec's )?(\w+ ){0,2}(fix|change|kernel|prefetch|policy|patch|rewrite|version|release|refactor|update|merge)\b"
+    r"|\bsuperseded\b|\bpredate",
     re.IGNORECASE,
 )
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+# a date belongs to a measurement: "measured 2026-11-27", or a results file's index line
 
 
 def _table_rows(text: str):
@@ -137,6 +141,40 @@ def test_links_between_docs_reach_a_heading():
             assert anchor in anchors(dest), (
                 f"{path.name} links to {target}#{anchor}: no such heading"
             )
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
+
+
+def _dates_outside_measurements(text: str) -> list[str]:
+    """Lines with a date that is not the date of a measurement ("measured DATE")."""
+    return [
+        line
+        for line in text.splitlines()
+        for m in DATE.finditer(line)
+        if not re.search(r"measured( on)?,? $", line[: m.start()])
+    ]
+
+
+def test_dates_only_in_results():
+    readme = (ROOT / "README.md").read_text()
+    before, _, results = readme.partition("\n## Results\n")
+    assert results and not DATE.search(before), "README: a date outside the Results section"
+    for path in DOCS[1:]:
+        assert not _dates_outside_measurements(path.read_text()), path.name
+
+
+def test_a_history_line_is_caught():
+    assert _dates_outside_measurements("as of 2026-11-24 the gate floors")
+    assert not _dates_outside_measurements("measured 2026-11-27 with `adaspec bench`")
+    for line in (
+        "Run 9: the topic requests",
+        "not shipped",
+        "earlier runs",
+        "peer k=3, before the kernel's L2 prefetch",
+    ):
+        assert HISTORY.search(line), line
 
 
 def test_docs_describe_the_project_as_it_is():
