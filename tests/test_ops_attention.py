@@ -84,6 +84,8 @@ SHAPES = [  # (heads, kv_heads, q_len, k_len): SmolLM2 (9/3), Qwen2.5-0.5B (14/2
     (9, 3, 32, 232),
     (14, 2, 5, 1000),
     (14, 2, 1, 8192),
+    (14, 2, 4, 1000),
+    (9, 3, 8, 2016),
     (4, 4, 16, 16),
     (8, 1, 3, 77),
 ]
@@ -97,6 +99,16 @@ def test_sdpa_equals_mlx_fast_sdpa_bit_for_bit(heads, kv_heads, q_len, k_len, ma
     m = _mask(mask, batch, heads, q_len, k_len, seed=k_len)
     ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=64**-0.5, mask=m)
     assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=m), ref)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "q_len", "k_len"), [(9, 3, 1, 2000), (9, 3, 8, 200)])
+def test_sdpa_on_a_cache_slice_equals_mlx(heads, kv_heads, q_len, k_len) -> None:
+    # keys and values as a KV cache hands them over: the first k_len rows of a longer buffer
+    q, k, v = _qkv(1, heads, kv_heads, q_len, k_len + 256, seed=k_len)
+    k, v = k[:, :, :k_len], v[:, :, :k_len]
+    for m in (None, "causal"):
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=64**-0.5, mask=m)
+        assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=m), ref)
 
 
 def test_small_calls_stay_on_mlx() -> None:

@@ -27,6 +27,7 @@ import numpy as np
 from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
 from ..kernels.shadow import Shadows, resolve, shadow_model
+from ..kernels.softmax import fast_logsumexp
 from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head, inner_model
@@ -244,7 +245,7 @@ class DraftLM:
             logits = self._forward(x)
             tok = mx.argmax(logits, keepdims=True)
             if self.min_p1 > 0 and i > 0:
-                p1 = mx.exp(mx.max(logits) - mx.logsumexp(logits))
+                p1 = mx.exp(mx.max(logits) - fast_logsumexp(logits)[..., 0])
                 if float(np.array(p1)) < self.min_p1:
                     return _ids(out), len(out)
             out.append(tok)

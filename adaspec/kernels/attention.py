@@ -14,7 +14,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from . import jit
+from . import blas, jit
 from .softmax import softmax
 
 
@@ -40,13 +40,18 @@ def sdpa(
 ) -> mx.array:
     """fast.cpp's CPU fallback for fp32 inputs of rank 4 ([B, heads, L, D]), GQA included,
     with `softmax` above; `mask` None, "causal", a bool array or an additive array."""
-    n_q, n_kv = queries.shape[1], keys.shape[1]
+    n_q, n_kv, q_len = queries.shape[1], keys.shape[1], queries.shape[2]
     q = mx.array(scale, queries.dtype) * queries
     k, v, rep = keys, values, n_q // n_kv
-    if rep > 1:
+    fold = rep > 1 and _folds(rep * q_len, keys)
+    if fold:  # the query heads of a KV head as rows of one GEMM: K and V read once, not copied
+        q = mx.reshape(q, (q.shape[0], n_kv, rep * q_len, q.shape[-1]))
+    elif rep > 1:
         q = mx.unflatten(q, 1, (n_kv, rep))
         k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
     scores = q @ mx.swapaxes(k, -1, -2)
+    if fold:
+        scores = mx.unflatten(scores, 2, (rep, q_len))
     if isinstance(mask, str):
         scores = _mask_causal(scores)
     elif mask is not None:
@@ -57,8 +62,24 @@ def sdpa(
             scores = mx.where(m, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
         else:
             scores = scores + m
-    out = softmax(scores) @ v
+    probs = softmax(scores)
+    if fold:
+        out = mx.flatten(probs, 2, 3) @ v
+        return mx.reshape(out, queries.shape[:-1] + (values.shape[-1],))
+    out = probs @ v
     return mx.flatten(out, 1, 2) if rep > 1 else out
+
+
+def _folds(rows: int, keys: mx.array) -> bool:
+    """Whether a GQA call may run its query heads as the rows of one GEMM per KV head with the
+    same bits as one GEMM per query head: only on the routed kernel, whose result for a row is
+    the same whatever the number of rows, within the rows it serves (blas.KERNEL_ROWS; for
+    scores @ V also within the size of B it keeps on its non-transposed path)."""
+    return (
+        rows <= blas.KERNEL_ROWS
+        and keys.shape[-2] * keys.shape[-1] <= blas.NN_MAX_ELEMENTS
+        and blas.routed_calls() is not None
+    )
 
 
 # below this many scores per head (query rows x keys) mlx's one softmax op beats four cheaper

@@ -33,6 +33,7 @@ ROUTED = "routed"
 FAST_KINDS = (ROUTED, "mkl", "openblas")
 CHOICES = ("auto", *FAST_KINDS, "off")
 KERNEL_ROWS = 32  # routed: fp32 GEMMs with at most this many rows run on blas_route.c's kernel
+NN_MAX_ELEMENTS = 1 << 20  # blas_route.c's NN_MAX: a non-transposed B up to this size stays on it
 ROUTER_SOURCE = Path(__file__).with_name("blas_route.c")
 ROUTER_DEPS = (Path(__file__).with_name("small_m.h"), Path(__file__).with_name("blocks.h"))
 ROOFLINE_SOURCE = Path(__file__).with_name("roofline.c")

@@ -1,5 +1,6 @@
 """The CPU fast paths of one model, each bit for bit stock mlx: attention on the vectorized
-softmax (attention.py), RoPE and RMSNorm twins (layers.py), on top of mlx's JIT kernels built
+softmax (attention.py), RoPE and RMSNorm twins (layers.py), mlx-lm's decoding loop on the
+vectorized logsumexp (mlx_lm_generate.py), on top of mlx's JIT kernels built
 for this CPU (jit.py). ADASPEC_FAST_OPS=off, another device or platform: nothing changes."""
 
 from __future__ import annotations
@@ -7,13 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, layers
+from . import attention, layers, mlx_lm_generate
 
 
 @dataclass(frozen=True)
 class Installed:
     attention_modules: list[str]  # mlx-lm model modules whose attention is routed
     layers: int  # nn.RoPE / nn.RMSNorm instances replaced by their twins
+    generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
 
 
 def install(model: Any) -> Installed:
@@ -21,4 +23,4 @@ def install(model: Any) -> Installed:
     enabled (attention.enabled: the JIT wrapper is active and the device is the CPU)."""
     if not attention.enabled():
         return Installed([], 0)
-    return Installed(attention.install(model), layers.install(model))
+    return Installed(attention.install(model), layers.install(model), mlx_lm_generate.install())
