@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     # default until trees are measured to pay here), auto = the policy sizes trees and falls
     # back to chains when they do not pay
     tree_nodes: str = "0"
+    # modules (or .py files) imported before drafters are looked up, comma-separated: each
+    # registers drafters with adaspec.register_drafter (the CLI's --plugin adds more)
+    plugins: str = ""
     # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
     # or expand them to fp32 (off); auto = on where the routed kernel runs
     stored_weights: str = "auto"
@@ -137,6 +140,10 @@ class Settings(BaseSettings):
         if v == "auto" or (v.isdigit() and int(v) <= TREE_NODES_MAX):
             return v if v == "auto" else str(int(v))
         raise ValueError(f"accepted: auto, or 0..{TREE_NODES_MAX} (0 = chains only)")
+
+    @property
+    def plugin_modules(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.plugins.split(",") if p.strip())
 
     @property
     def tree_cap(self) -> int:

@@ -26,7 +26,20 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    for p in sub.choices.values():
+        add_plugin_flag(p)
     return parser
+
+
+def add_plugin_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name or a .py file) first: it registers drafters with "
+        "adaspec.register_drafter (repeatable; ADASPEC_PLUGINS adds more; default: none)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
+        from ..drafters import plugins
         from ..settings import get
 
-        get()  # a bad or unknown ADASPEC_* variable fails here, in one line
+        # a bad or unknown ADASPEC_* variable fails here, in one line
+        plugins.load([*get().plugin_modules, *args.plugin])
         return int(args.func(args) or 0)
     except AdaspecError as exc:
         print(f"adaspec {args.command}: error: {exc}", file=sys.stderr)

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
     )
     add_model_flag(p)
+    from . import add_plugin_flag
+
+    add_plugin_flag(p)  # read by the adaspec command before this parser; listed for -h
     p.add_argument(
         "--drafter",
         default="auto",

@@ -52,12 +52,15 @@ def register(
             f"drafter name {name!r} is invalid; accepted: a non-empty name without ':', '+', "
             "',' or '=', other than 'none' and 'auto'"
         )
-    if (name in _FACTORIES or name in _BUILTINS) and not replace:
+    # an entry point's module may register the name it is declared under (when imported)
+    lazy = isinstance(_FACTORIES.get(name), str)
+    if (name in _FACTORIES or name in _BUILTINS) and not (replace or lazy):
         raise DrafterError(f"drafter {name!r} is already registered; pass replace=True")
     _FACTORIES[name] = Entry(factory, dict(options or {}), path)
 
 
 def _load_entry_points() -> None:
+    """Entry points of the 'adaspec.drafters' group, and the ADASPEC_PLUGINS modules."""
     global _entry_points_loaded
     if _entry_points_loaded:
         return
@@ -65,6 +68,14 @@ def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _FACTORIES:
             _FACTORIES[ep.name] = ep.value
+    from .. import settings as settings_mod
+    from . import plugins
+
+    try:
+        plugins.load(settings_mod.get().plugin_modules)
+    except Exception:
+        _entry_points_loaded = False  # the next lookup raises the same error
+        raise
 
 
 def names() -> list[str]:
@@ -78,11 +89,17 @@ def _entry(name: str) -> Entry:
     _load_entry_points()
     entry = _FACTORIES.get(name) or _BUILTINS.get(name)
     if entry is None:
-        raise DrafterError(f"unknown drafter {name!r}; accepted: none, {', '.join(names())}")
+        from .plugins import HOW_TO_REGISTER
+
+        raise DrafterError(
+            f"unknown drafter {name!r}; accepted: none, {', '.join(names())}; {HOW_TO_REGISTER}"
+        )
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")
         obj = getattr(importlib.import_module(module), attr)
-        entry = obj if isinstance(obj, Entry) else Entry(obj)
+        registered = _FACTORIES.get(name)  # the module may have registered the name itself
+        entry = registered if isinstance(registered, Entry) else obj
+        entry = entry if isinstance(entry, Entry) else Entry(entry)
     return entry
 
 
