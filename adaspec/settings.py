@@ -224,6 +224,22 @@ class Settings(BaseSettings):
         """The effective ADASPEC_* settings, keyed by environment variable name."""
         return {env_name(k): str(v) for k, v in self.model_dump().items() if k not in HOST}
 
+    def changed(self) -> dict[str, str]:
+        """The ADASPEC_* settings whose value differs from its default: name -> the default
+        (the defaults under this host environment, e.g. ADASPEC_CACHE's under XDG_CACHE_HOME)."""
+        host = {HOST[k]: v for k, v in self.model_dump().items() if k in HOST and v}
+        default = from_env(host).as_env()
+        return {k: default[k] for k, v in self.as_env().items() if v != default[k]}
+
+    def describe(self) -> list[str]:
+        """One `NAME=value` line per ADASPEC_* setting; a value that differs from the default
+        is marked with it: `ADASPEC_GATE=off  (default commit)`."""
+        changed = self.changed()
+        return [
+            f"{k}={v}" + (f"  (default {changed[k] or '(none)'})" if k in changed else "")
+            for k, v in self.as_env().items()
+        ]
+
 
 class _Environ(EnvSettingsSource):
     """pydantic-settings' environment source over a given mapping, which first rejects
@@ -234,8 +250,11 @@ class _Environ(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        _reject_unknown(self.environ, self.settings_cls.model_fields)
-        return {k.lower(): v for k, v in self.environ.items()}  # the source is case-insensitive
+        fields = self.settings_cls.model_fields
+        _reject_unknown(self.environ, fields)
+        # names are read exactly as written (upper case); the source matches them lower-cased
+        known = {env_name(f) for f in fields}
+        return {k.lower(): v for k, v in self.environ.items() if k in known}
 
 
 def env_name(field: str) -> str:
@@ -243,24 +262,31 @@ def env_name(field: str) -> str:
 
 
 def _reject_unknown(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> None:
+    """Refuse a name starting with ADASPEC_ in any case that is not exactly (upper case
+    included) a setting's; the message suggests the close names, else lists them all."""
     known = [env_name(f) for f in fields if f not in HOST]
-    unknown = [k for k in environ if k.upper().startswith(PREFIX) and k.upper() not in known]
+    unknown = [k for k in environ if k.upper().startswith(PREFIX) and k not in known]
     if not unknown:
         return
     import difflib
 
-    parts = []
+    parts, listed = [], False
     for key in unknown:
+        if key.upper() in known:
+            parts.append(f"{key}={environ[key]!r} (names are upper case: {key.upper()})")
+            continue
         # compared without the prefix, which every name shares
         close = difflib.get_close_matches(
             key[len(PREFIX) :].upper(), [k[len(PREFIX) :] for k in known], n=2
         )
+        listed = listed or not close
         hint = f" (did you mean {' or '.join(PREFIX + c for c in close)}?)" if close else ""
         parts.append(f"{key}={environ[key]!r}{hint}")
     plural = "s" if len(unknown) > 1 else ""
-    raise SettingsError(
-        f"unknown environment variable{plural} {'; '.join(parts)}; known: {', '.join(known)}"
+    rest = (
+        f"known: {', '.join(known)}" if listed else "every setting: README's Environment variables"
     )
+    raise SettingsError(f"unknown environment variable{plural} {'; '.join(parts)}; {rest}")
 
 
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
         tokenizer, messages_for(args.prompt, args.system), not args.ignore_chat_template
     )
     if args.verbose:
-        for k, v in settings.as_env().items():
-            print(f"{k}={v}", file=sys.stderr)
+        for line in settings.describe():
+            print(line, file=sys.stderr)
     kw = dict(
         drafter=drafter_spec(args, model, tokenizer),
         max_tokens=args.max_tokens,
