@@ -28,6 +28,7 @@ _LAZY = {
     "generate": ("adaspec.api", "generate"),
     "make_prompt_cache": ("adaspec.api", "make_prompt_cache"),
     "PromptCache": ("adaspec.api", "PromptCache"),
+    "compare_to_ar": ("adaspec.compare", "compare_to_ar"),
     "load": ("adaspec.targets.loader", "load"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.registry", "make"),
