@@ -11,6 +11,7 @@ the sampled distribution depends on the context (the next cycle character has pr
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
@@ -32,8 +33,10 @@ def next_char_id(token: int) -> int | None:
     return ALPHABET.index(word[(word.index(ch) + 1) % len(word)])
 
 
+@lru_cache(maxsize=4)
 def tiny_target(seed: int = 0, peak: float = 3.0, mix: float = 0.2) -> Any:
-    """The predictable target: an mlx-lm llama model over the 32-token vocabulary.
+    """The predictable target: an mlx-lm llama model over the 32-token vocabulary (the same
+    object for the same arguments, so a drafter built on it and check_drafter share it).
 
     peak: the logit of the cycle's next character (3.0: probability ~0.35 at temperature 1);
     mix: the scale of the random attention and MLP outputs (the context's pull on the logits).
