@@ -15,7 +15,7 @@ VOCAB = 260  # 256 bytes + <eos> (256) + spare ids
 EOS = 256
 
 
-def _scale(model: nn.Module, scale: float) -> None:
+def scale_weights(model: nn.Module, scale: float) -> None:
     # Larger random weights spread the logits, so near-ties between batched and single-token
     # forwards (which reduce in different orders) are vanishingly rare.
     model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
@@ -53,7 +53,7 @@ def tiny_model(
         )
     else:
         raise ValueError(arch)
-    _scale(model, scale)
+    scale_weights(model, scale)
     mx.eval(model.parameters())
     return model
 
