@@ -62,7 +62,7 @@ def compare_to_ar(
     from .api import stream_generate
     from .bench.timing import median, timed
 
-    knobs = dict(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
+    prompt = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
     ar_runs, spec_runs = [], []
     for _ in range(max(1, repeats)):
         if seed is not None:
@@ -83,8 +83,11 @@ def compare_to_ar(
                     prompt,
                     drafter=drafter,
                     max_tokens=max_tokens,
+                    temp=temp,
+                    top_p=top_p,
+                    top_k=top_k,
+                    min_p=min_p,
                     seed=seed,
-                    **knobs,
                     **kwargs,
                 )
             )
