@@ -88,3 +88,19 @@ def test_a_broken_plugin_is_refused_naming_it(tmp_path):
         plugins.load([str(bad)])
     with pytest.raises(PluginError, match="No module named 'no_such_plugin'"):
         plugins.load(["no_such_plugin"])
+
+
+def test_every_subcommand_takes_plugin_flags_serve_included():
+    from adaspec.cli import build_parser
+
+    parser = build_parser()
+    args, extra = parser.parse_known_args(["serve", "--plugin", "a.py", "--plugin", "b", "--x"])
+    assert args.plugin == ["a.py", "b"] and extra == ["--x"]
+    for argv in (
+        ["generate", "--plugin", "m"],
+        ["bench", "--plugin", "m"],
+        ["doctor", "--plugin", "m"],
+        ["models", "--plugin", "m", "list"],
+        ["build-suffix", "--text", "t", "--out", "o", "--plugin", "m"],
+    ):
+        assert parser.parse_args(argv).plugin == ["m"]
