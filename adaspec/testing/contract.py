@@ -295,8 +295,30 @@ def check_drafter(
 
     examples: hypothesis cases of the greedy check; runs: sampled generations for the
     chi-square (0 skips it); model, tokenizer: the target (default: the tiny predictable one,
-    adaspec.testing.target; another target's prompts are drawn over its first 256 ids).
+    adaspec.testing.tiny_target(); on another target only the greedy check runs, its prompts
+    drawn over the first 256 ids).
     """
+    from .target import tiny_target, tiny_tokenizer
+
+    own = model is None or model is tiny_target()
+    model = tiny_target() if own else model
+    tokenizer = tiny_tokenizer() if tokenizer is None and own else tokenizer
+    report = DrafterReport()
+    bench = _Bench(make, model, tokenizer, report)
+    _greedy_search(bench, examples, max_tokens, own)
+    _accepted(report, "greedy", report.drafted, report.accepted)
+    if own:
+        for text in SWEEP_PROMPTS:
+            boundary_sweep(bench, text)
+            stop_string_sweep(bench, text)
+    if runs and own:
+        sampled_check(bench, runs)
+        _accepted(report, "sampled", report.sampled_drafted, report.sampled_accepted)
+    return report
+
+
+def _greedy_search(bench: _Bench, examples: int, max_tokens: int, own: bool) -> None:
+    """greedy_case over hypothesis's cases (derandomized: the same cases every run)."""
     try:
         from hypothesis import HealthCheck, given
         from hypothesis import settings as hyp_settings
@@ -304,13 +326,7 @@ def check_drafter(
     except ImportError as exc:
         raise ImportError("check_drafter needs hypothesis: pip install 'adaspec[testing]'") from exc
     from .strategies import prompts, tiny_prompts
-    from .target import tiny_target, tiny_tokenizer
 
-    own = model is None
-    model = tiny_target() if own else model
-    tokenizer = tiny_tokenizer() if tokenizer is None and own else tokenizer
-    report = DrafterReport()
-    bench = _Bench(make, model, tokenizer, report)
     some = st.none() | st.integers(1, max_tokens)
 
     @hyp_settings(
@@ -332,15 +348,6 @@ def check_drafter(
         greedy_case(bench, prompt, length, caps, stop_after, eos_at, tree_nodes)
 
     greedy()
-    _accepted(report, "greedy", report.drafted, report.accepted)
-    if own:
-        for text in SWEEP_PROMPTS:
-            boundary_sweep(bench, text)
-            stop_string_sweep(bench, text)
-    if runs and own:
-        sampled_check(bench, runs)
-        _accepted(report, "sampled", report.sampled_drafted, report.sampled_accepted)
-    return report
 
 
 def _accepted(report: DrafterReport, what: str, drafted: int, accepted: int) -> None:
