@@ -16,12 +16,10 @@ from .settings import get as _get_settings
 try:
     _blas.ensure()
     _jit.install(_get_settings().cache, _get_settings().fast_ops)
-except _SettingsError as _exc:
-    # every call that reads the settings raises this error again (the CLI prints it in one
-    # line), so nothing runs on bad settings; importing stays possible, with this warning
-    import warnings
-
-    warnings.warn(f"{_exc}; adaspec refuses to run until it is fixed", RuntimeWarning, 2)
+except _SettingsError:
+    # importing stays possible and silent: every call that reads the settings raises this
+    # error (the CLI prints it in one line), so nothing runs on bad settings
+    pass
 
 __version__ = "0.1.0"
 
@@ -30,6 +28,7 @@ _LAZY = {
     "generate": ("adaspec.api", "generate"),
     "make_prompt_cache": ("adaspec.api", "make_prompt_cache"),
     "PromptCache": ("adaspec.api", "PromptCache"),
+    "compare_to_ar": ("adaspec.compare", "compare_to_ar"),
     "load": ("adaspec.targets.loader", "load"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.registry", "make"),

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import settings as settings_mod
 from .drafters.base import DraftModel
+from .drafters.plan import DrafterPlan
 from .errors import DrafterMismatchError, GenerationArgumentError
 from .policy.controller import DecodeConfig, Decoder, decode
 from .policy.plan import NeverSpeculate, SpecPolicy
@@ -62,22 +63,27 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int] | mx.array) -> lis
     return ids
 
 
-Drafters = str | DraftModel | Sequence[str | DraftModel] | None
+Drafters = str | DrafterPlan | DraftModel | Sequence[str | DrafterPlan | DraftModel] | None
 
 
 def resolve_drafters(
     drafter: Drafters, info: Any, settings: settings_mod.Settings
 ) -> list[DraftModel]:
-    """The arms `drafter` names: a spec ("pld", "pld+dflash:DIR", "auto", "none"), a
-    DraftModel, or a list of either; checked against the target's vocabulary."""
-    from .drafters import registry
+    """The arms `drafter` names: a spec ("pld", "pld+dflash:DIR", "auto", "none", made a
+    DrafterPlan here), a DrafterPlan, a DraftModel, or a list of those; checked against the
+    target's vocabulary."""
+    from .drafters.plan import plan
 
     if drafter is None:
         return []
-    items = [drafter] if isinstance(drafter, str) or not isinstance(drafter, Sequence) else drafter
+    one = isinstance(drafter, str) or not isinstance(drafter, Sequence)
+    items = [drafter] if one else drafter
     arms: list[DraftModel] = []
     for item in items:
-        arms += registry.make_arms(item, info, settings) if isinstance(item, str) else [item]
+        if isinstance(item, (str, DrafterPlan)):
+            arms += plan(item, info, settings).build(info, settings)
+        else:
+            arms.append(item)
     for d in arms:
         if d.vocab_size is not None and d.vocab_size != info.vocab_size:
             raise DrafterMismatchError(

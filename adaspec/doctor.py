@@ -229,6 +229,7 @@ def collect(
         "kernel_isa": blas.kernel_isa(),
         "limits": _limits(settings),
         "settings": settings.as_env(),
+        "settings_changed": settings.changed(),  # name -> its default
     }
     if model is not None:
         report["model"] = _model_report(model, settings, repeats)
@@ -328,5 +329,9 @@ def format_report(d: dict[str, Any]) -> str:
     if "model" in d:
         lines += _model_lines(d["model"], lim)
     lines.append("settings")
-    lines += [f"  {k}={v}" for k, v in d["settings"].items()]
+    changed = d.get("settings_changed", {})
+    lines += [
+        f"  {k}={v}" + (f"  (default {changed[k] or '(none)'})" if k in changed else "")
+        for k, v in d["settings"].items()
+    ]
     return "\n".join(lines)

@@ -18,6 +18,10 @@ class DrafterError(AdaspecError):
     """A drafter is unknown, misconfigured, or proposed something illegal."""
 
 
+class PluginError(DrafterError):
+    """A plugin module (--plugin, ADASPEC_PLUGINS) cannot be imported."""
+
+
 class DrafterMismatchError(DrafterError):
     """A drafter does not fit the target (vocabulary, hidden size, tap layers)."""
 

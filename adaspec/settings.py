@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     # default until trees are measured to pay here), auto = the policy sizes trees and falls
     # back to chains when they do not pay
     tree_nodes: str = "0"
+    # modules (or .py files) imported before drafters are looked up, comma-separated: each
+    # registers drafters with adaspec.register_drafter (the CLI's --plugin adds more)
+    plugins: str = ""
     # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
     # or expand them to fp32 (off); auto = on where the routed kernel runs
     stored_weights: str = "auto"
@@ -137,6 +140,10 @@ class Settings(BaseSettings):
         if v == "auto" or (v.isdigit() and int(v) <= TREE_NODES_MAX):
             return v if v == "auto" else str(int(v))
         raise ValueError(f"accepted: auto, or 0..{TREE_NODES_MAX} (0 = chains only)")
+
+    @property
+    def plugin_modules(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.plugins.split(",") if p.strip())
 
     @property
     def tree_cap(self) -> int:
@@ -217,6 +224,22 @@ class Settings(BaseSettings):
         """The effective ADASPEC_* settings, keyed by environment variable name."""
         return {env_name(k): str(v) for k, v in self.model_dump().items() if k not in HOST}
 
+    def changed(self) -> dict[str, str]:
+        """The ADASPEC_* settings whose value differs from its default: name -> the default
+        (the defaults under this host environment, e.g. ADASPEC_CACHE's under XDG_CACHE_HOME)."""
+        host = {HOST[k]: v for k, v in self.model_dump().items() if k in HOST and v}
+        default = from_env(host).as_env()
+        return {k: default[k] for k, v in self.as_env().items() if v != default[k]}
+
+    def describe(self) -> list[str]:
+        """One `NAME=value` line per ADASPEC_* setting; a value that differs from the default
+        is marked with it: `ADASPEC_GATE=off  (default commit)`."""
+        changed = self.changed()
+        return [
+            f"{k}={v}" + (f"  (default {changed[k] or '(none)'})" if k in changed else "")
+            for k, v in self.as_env().items()
+        ]
+
 
 class _Environ(EnvSettingsSource):
     """pydantic-settings' environment source over a given mapping, which first rejects
@@ -227,8 +250,11 @@ class _Environ(EnvSettingsSource):
         super().__init__(settings_cls)
 
     def _load_env_vars(self) -> Mapping[str, str | None]:
-        _reject_unknown(self.environ, self.settings_cls.model_fields)
-        return {k.lower(): v for k, v in self.environ.items()}  # the source is case-insensitive
+        fields = self.settings_cls.model_fields
+        _reject_unknown(self.environ, fields)
+        # names are read exactly as written (upper case); the source matches them lower-cased
+        known = {env_name(f) for f in fields}
+        return {k.lower(): v for k, v in self.environ.items() if k in known}
 
 
 def env_name(field: str) -> str:
@@ -236,24 +262,31 @@ def env_name(field: str) -> str:
 
 
 def _reject_unknown(environ: Mapping[str, str], fields: Mapping[str, FieldInfo]) -> None:
+    """Refuse a name starting with ADASPEC_ in any case that is not exactly (upper case
+    included) a setting's; the message suggests the close names, else lists them all."""
     known = [env_name(f) for f in fields if f not in HOST]
-    unknown = [k for k in environ if k.upper().startswith(PREFIX) and k.upper() not in known]
+    unknown = [k for k in environ if k.upper().startswith(PREFIX) and k not in known]
     if not unknown:
         return
     import difflib
 
-    parts = []
+    parts, listed = [], False
     for key in unknown:
+        if key.upper() in known:
+            parts.append(f"{key}={environ[key]!r} (names are upper case: {key.upper()})")
+            continue
         # compared without the prefix, which every name shares
         close = difflib.get_close_matches(
             key[len(PREFIX) :].upper(), [k[len(PREFIX) :] for k in known], n=2
         )
+        listed = listed or not close
         hint = f" (did you mean {' or '.join(PREFIX + c for c in close)}?)" if close else ""
         parts.append(f"{key}={environ[key]!r}{hint}")
     plural = "s" if len(unknown) > 1 else ""
-    raise SettingsError(
-        f"unknown environment variable{plural} {'; '.join(parts)}; known: {', '.join(known)}"
+    rest = (
+        f"known: {', '.join(known)}" if listed else "every setting: README's Environment variables"
     )
+    raise SettingsError(f"unknown environment variable{plural} {'; '.join(parts)}; {rest}")
 
 
 def from_env(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -260,7 +260,7 @@ def top1(H: np.ndarray, W: np.ndarray, sets: dict[int, np.ndarray]):
 def coverage(args) -> None:
     from adaspec.drafters import dflash
     from adaspec.drafters.dflash_checkpoint import write_head_tokens
-    from adaspec.drafters.dflash_head import select_head_tokens
+    from adaspec.drafters.restricted_head import select_head_tokens
     from adaspec.prompting import prompt_ids
     from adaspec.targets.loader import load
     from adaspec.train.corpus import build_prompts

@@ -22,8 +22,8 @@ from dflash_tau import SUITE, greedy_ar
 
 import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec.bench.suite import load_suite
-from adaspec.drafters.dflash import SHIPPED
 from adaspec.drafters.dflash_checkpoint import load_model
+from adaspec.drafters.shipped import CHECKPOINTS as SHIPPED
 from adaspec.prompting import prompt_ids
 from adaspec.targets.base import target_info
 from adaspec.targets.loader import load

@@ -75,3 +75,15 @@ def test_entry_point_drafters_are_discovered(monkeypatch, tiny, tokenizer):
     assert "ep-pld" in registry.names()
     text = adaspec.generate(tiny, tokenizer, PROMPT, max_tokens=10, drafter="ep-pld:draft_len=3")
     assert text == mlx_lm.generate(tiny, tokenizer, PROMPT, max_tokens=10)
+
+
+def test_compare_to_ar_reports_identical_tokens_and_rates():
+    from adaspec.testing import encode, tiny_target, tiny_tokenizer
+
+    model, tok = tiny_target(), tiny_tokenizer()
+    c = adaspec.compare_to_ar(model, tok, encode("the the t"), drafter="pld", max_tokens=24)
+    assert c.identical and c.tokens == c.ar_tokens and len(c.tokens) == 24
+    assert c.ar_tok_s > 0 and c.spec_tok_s > 0 and c.speedup == c.spec_tok_s / c.ar_tok_s
+    assert c.stats["accepted"] > 0 and "identical: True" in str(c)
+    sampled = adaspec.compare_to_ar(model, tok, encode("the q"), drafter="pld", temp=1.0, seed=3)
+    assert len(sampled.tokens) > 0 and sampled.stats["drafted"] >= 0

@@ -14,7 +14,7 @@ from tiny import ar_greedy, tiny_model
 from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
 
 from adaspec import settings as settings_mod
-from adaspec.drafters import dflash
+from adaspec.drafters import dflash, shipped
 from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.pld import PromptLookup
@@ -330,7 +330,7 @@ def test_auto_takes_a_shipped_drafter_only_when_marked_as_paying(tmp_path, monke
     if marked is not None:
         cfg["adaspec_target"]["in_auto"] = marked
     (folder / "config.json").write_text(json.dumps(cfg))
-    monkeypatch.setattr(dflash, "SHIPPED", tmp_path / "shipped")
+    monkeypatch.setattr(shipped, "CHECKPOINTS", tmp_path / "shipped")
     s = settings_mod.from_env({})
     assert dflash.default_checkpoint(info) == folder  # `dflash` finds it either way
     got = [type(a) for a in make_arms("auto", info, s)]

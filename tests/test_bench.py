@@ -113,15 +113,21 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_cli_peer_arguments_are_checked():
-    assert cli_bench._peer(_args(peer=None), "pld") is None
+    from adaspec.drafters.plan import plan
+    from adaspec.settings import from_env
+    from adaspec.targets.base import target_info
+
+    info = target_info(DRAFT)
+    spec = lambda s: plan(s, info, from_env({}))  # noqa: E731
+    assert cli_bench._peer(_args(peer=None), spec("pld")) is None
     with pytest.raises(GenerationArgumentError, match="--peer 'vllm' is unknown; accepted"):
-        cli_bench._peer(_args(peer="vllm", peer_draft="x"), "pld")
+        cli_bench._peer(_args(peer="vllm", peer_draft="x"), spec("pld"))
     with pytest.raises(GenerationArgumentError, match="needs a draft model"):
-        cli_bench._peer(_args(), "pld")
+        cli_bench._peer(_args(), spec("pld"))
     with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
-        cli_bench._peer(_args(peer_k=99), "draft-model:somewhere")
+        cli_bench._peer(_args(peer_k=99), spec("draft-model:somewhere"))
     with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
-        cli_bench._peer(_args(peer_k=99), "auto:draft-model:somewhere,min_p1=0.5")
+        cli_bench._peer(_args(peer_k=99), spec("auto:draft-model:somewhere,min_p1=0.5"))
 
 
 def test_cli_bench_with_a_peer_draft_and_the_default_drafter(tmp_path):

@@ -64,8 +64,6 @@ def test_cli_bench_defaults_to_the_shipped_suite(tmp_path):
     assert res["records"][0]["identical"]
 
 
-
-
 def test_no_cli_default_points_outside_the_project():
     from adaspec.cli import build_parser
 

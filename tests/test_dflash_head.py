@@ -18,11 +18,11 @@ from tiny_dflash import ctx, tiny_drafter
 
 import adaspec
 from adaspec import settings as settings_mod
-from adaspec.drafters import dflash
+from adaspec.drafters import dflash, shipped
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_checkpoint import read_checkpoint, save_model, write_head_tokens
-from adaspec.drafters.dflash_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.drafters.registry import make
+from adaspec.drafters.restricted_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.errors import DrafterError
 from adaspec.policy import sampling
 from adaspec.targets.base import target_info
@@ -264,5 +264,5 @@ def test_write_head_tokens_adds_replaces_and_removes_a_set(ckpts, tmp_path):
 
 
 def test_shipped_smollm2_drafter_has_a_head_set():
-    cfg, _, ids = read_checkpoint(dflash.SHIPPED / "smollm2-135m-dflash")
+    cfg, _, ids = read_checkpoint(shipped.CHECKPOINTS / "smollm2-135m-dflash")
     assert len(ids) == 16384 and ids[:2].tolist() == [0, 2]  # its end-of-text ids lead

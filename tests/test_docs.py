@@ -37,12 +37,14 @@ RESULT_NAME = re.compile(r"results/([A-Za-z0-9_.-]+\.(?:jsonl|json|png))")
 HISTORY = re.compile(
     r"\bsessions?\b|\bthe issue\b|\bissue \d|\bprevious\b|\bused to\b|\bno longer\b"
     r"|\bcommit [0-9a-f]{7}\b|\bs\d-|\bbefore the (fix|change)|\bafter the fix\b|\bnot yet\b"
-    r"|\brun \d+\b|\bnot shipped\b|\bearlier (runs?|figures?|results?|measurements?|versions?|sessions?)\b|\bbefore (the |its |adaspec's )?(\w+ ){0,2}(fix|change|kernel|prefetch|policy|patch|rewrite|version|release|refactor|update|merge)\b"
+    r"|\brun \d+\b|\bnot shipped\b"
+    r"|\bearlier (runs?|figures?|results?|measurements?|versions?|sessions?)\b"
+    r"|\bbefore (the |its |adaspec's )?(\w+ ){0,2}"
+    r"(fix|change|kernel|prefetch|policy|patch|rewrite|version|release|refactor|update|merge)\b"
     r"|\bsuperseded\b|\bpredate",
     re.IGNORECASE,
 )
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
-# a date belongs to a measurement: "measured 2026-11-27", or a results file's index line
 
 
 def _table_rows(text: str):

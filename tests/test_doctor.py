@@ -24,7 +24,11 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_collect_without_model():
-    d = doctor.collect()
+    import os
+
+    from adaspec.settings import from_env
+
+    d = doctor.collect(settings=from_env({**os.environ, "ADASPEC_GATE": "off"}))
     assert d["mlx"] and d["mlx_lm"] and d["python"] and d["platform"]
     assert d["device"].lower().startswith("device(")
     kinds = ("routed", "mkl", "openblas", "custom", "reference", "system", "off")
@@ -33,6 +37,7 @@ def test_collect_without_model():
     assert "ADASPEC_BLAS" in d["settings"] and "ADASPEC_CACHE" in d["settings"]
     text = doctor.format_report(d)
     assert "GFLOP/s" in text and "BLAS" in text and "\nmodel " not in text
+    assert "  ADASPEC_GATE=off  (default commit)\n" in text and d["settings_changed"]
     json.dumps(d)  # machine-readable as is
 
 

@@ -181,7 +181,7 @@ def test_a_stored_model_gives_the_expansions_logits_bit_for_bit(tiny_models):
 def test_a_restricted_head_keeps_its_rows_stored(tiny_models):
     import mlx.core as mx
 
-    from adaspec.drafters.dflash_head import restricted_projection
+    from adaspec.drafters.restricted_head import restricted_projection
     from adaspec.targets.base import embedding_and_head
 
     on, off, _ = tiny_models[("qwen2", "Q4_K")]

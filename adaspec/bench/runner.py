@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..prompting import prompt_ids
 from .peer import PeerConfig, peer_fields, setup_peer
 from .report import summarize
 from .suite import Prompt
 from .timing import Run, median, sampler, timed
+
+if TYPE_CHECKING:
+    from ..drafters.plan import DrafterPlan
 
 Runner = Callable[[list[int], int], Run]
 
@@ -70,7 +73,7 @@ def run_suite(
     tokenizer: Any,
     suite: list[Prompt],
     *,
-    drafter: str,
+    drafter: str | DrafterPlan,
     repeats: int = 3,
     max_tokens: int | None = None,
     spec_kwargs: dict | None = None,
@@ -109,7 +112,7 @@ def run_suite(
     warm = prompts[0][1]
     run_ar(warm, 16), run_spec(warm, 16)
     runners: dict[str, Runner] = {"ar": run_ar, "spec": run_spec}
-    config = {"drafter": drafter, "repeats": repeats, **spec_kwargs}
+    config = {"drafter": str(drafter), "repeats": repeats, **spec_kwargs}
     peer_k = 0
     if peer is not None:
         runners["peer"], peer_k, config["peer"] = setup_peer(

@@ -6,15 +6,44 @@ import argparse
 import importlib
 import logging
 import sys
+import textwrap
 
 from ..errors import AdaspecError
 
 SUBCOMMANDS = ("generate", "bench", "models", "doctor", "train_dflash", "serve", "build_suffix")
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help names it already (flags
+    that are off by default and options without a default say nothing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text, default = action.help or "", action.default
+        if (
+            not action.option_strings
+            or "default" in text.lower()
+            or default in (None, False, argparse.SUPPRESS)
+            or default == []
+        ):
+            return action.help
+        return text + " (default: %(default)s)"
+
+    # flags stay whole when lines wrap
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return textwrap.fill(
+            " ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+            break_on_hyphens=False,
+        )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="adaspec", description="Adaptive, lossless speculative decoding for mlx-lm models."
+        prog="adaspec",
+        description="Adaptive, lossless speculative decoding for mlx-lm models.",
+        formatter_class=DefaultsFormatter,
     )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -26,7 +55,21 @@ def build_parser() -> argparse.ArgumentParser:
                 raise
             continue
         module.add_parser(sub)
+    for p in sub.choices.values():
+        add_plugin_flag(p)
+        p.formatter_class = DefaultsFormatter
     return parser
+
+
+def add_plugin_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE (a module name or a .py file) first: it registers drafters with "
+        "adaspec.register_drafter (repeatable; ADASPEC_PLUGINS adds more; default: none)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,9 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     args.extra = extra
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
+        from ..drafters import plugins
         from ..settings import get
 
-        get()  # a bad or unknown ADASPEC_* variable fails here, in one line
+        # a bad or unknown ADASPEC_* variable fails here, in one line
+        plugins.load([*get().plugin_modules, *args.plugin])
         return int(args.func(args) or 0)
     except AdaspecError as exc:
         print(f"adaspec {args.command}: error: {exc}", file=sys.stderr)

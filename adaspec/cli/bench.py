@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_model_flags, drafter_spec, load_model, sampling_kwargs
+from .common import add_model_flags, drafter_plan, load_model, sampling_kwargs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         pyplot()
     suite = select(load_suite(args.suite), args.category, args.grounded, args.limit)
     model, tokenizer = load_model(args.model)
-    drafter = drafter_spec(args, model, tokenizer)
+    drafter = drafter_plan(args, model, tokenizer)
     peer = _peer(args, drafter)
     result = run_suite(
         model,
@@ -123,24 +123,21 @@ def select(suite: list, category: list[str], grounded: str | None, limit: int | 
     return suite
 
 
-def _peer(args: argparse.Namespace, drafter: str):
+def _peer(args: argparse.Namespace, drafter):
     """The --peer configuration (its draft model loaded once, with fp32 weights as mlx-lm
-    reads them, and shared with a drafter that drafts from those); `drafter` is the spec in
-    use (--drafter or the model's default)."""
+    reads them, and shared with a drafter that drafts from those); `drafter` is the plan in
+    use (--drafter or the model's default): its draft-model arm names the default draft."""
     from ..bench.peer import PeerConfig, check_peer
     from ..drafters.draft_model import load_shared
-    from ..drafters.spec import parse_arm, split_arms
     from ..errors import GenerationArgumentError
     from ..settings import get
 
     if args.peer is None:
         return None
     draft = args.peer_draft
-    for arm in split_arms(drafter):
-        if arm.name == "auto" and arm.path:  # auto:draft-model:NAME -- PLD, then that model
-            arm = parse_arm(arm.path)
-        if draft is None and arm.name == "draft-model" and arm.path:
-            draft = arm.path
+    arm = drafter.find("draft-model")
+    if draft is None and arm is not None:
+        draft = arm.args.path
     check_peer(args.peer, draft)
     if not 0 <= args.peer_k <= 64 or args.peer_tune_prompts < 1 or args.peer_tune_tokens < 2:
         raise GenerationArgumentError(

@@ -58,11 +58,12 @@ def load_model(name: str):
     return model, tokenizer
 
 
-def drafter_spec(args: argparse.Namespace, model, tokenizer) -> str:
-    """--drafter, or the default for this model (see registry.default_spec)."""
-    if args.drafter is not None:
-        return args.drafter
-    from ..drafters.registry import default_spec
+def drafter_plan(args: argparse.Namespace, model, tokenizer):
+    """--drafter (default: auto) for this model, as a DrafterPlan: parsed, `auto` expanded and
+    every arm's arguments checked before anything is generated."""
+    from ..drafters.plan import DEFAULT, plan
+    from ..settings import get
     from ..targets.base import target_info
 
-    return default_spec(target_info(model, tokenizer))
+    spec = DEFAULT if args.drafter is None else args.drafter
+    return plan(spec, target_info(model, tokenizer), get())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_model_flags, drafter_spec, load_model, sampling_kwargs
+from .common import add_model_flags, drafter_plan, load_model, sampling_kwargs
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
         tokenizer, messages_for(args.prompt, args.system), not args.ignore_chat_template
     )
     if args.verbose:
-        for k, v in settings.as_env().items():
-            print(f"{k}={v}", file=sys.stderr)
+        for line in settings.describe():
+            print(line, file=sys.stderr)
     kw = dict(
-        drafter=drafter_spec(args, model, tokenizer),
+        drafter=drafter_plan(args, model, tokenizer),
         max_tokens=args.max_tokens,
         stop=args.stop,
         settings=settings,

@@ -63,13 +63,26 @@ def add_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import DefaultsFormatter
+
+    refused = ", ".join(f"--{k.replace('_', '-')}" for k in NOT_READ)
     p = argparse.ArgumentParser(
         prog="adaspec serve",
         parents=[mlx_lm_server_parser()],
         conflict_handler="resolve",
         description=__doc__,
+        formatter_class=DefaultsFormatter,
+        epilog=f"Refused unless left at their defaults (adaspec serve replaces the machinery "
+        f"they tune: KV quantization, batching, mlx-lm's fixed draft length, distributed "
+        f"serving): {refused}.",
     )
+    for action in p._actions:
+        if action.dest in NOT_READ:
+            action.help = f"{action.help or ''} [refused by adaspec serve unless left at default]"
     add_model_flag(p)
+    from . import add_plugin_flag
+
+    add_plugin_flag(p)  # read by the adaspec command before this parser; listed for -h
     p.add_argument(
         "--drafter",
         default="auto",

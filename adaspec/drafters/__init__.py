@@ -2,15 +2,18 @@
 
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext, DraftModel
+from .plan import DrafterPlan, plan
 from .registry import make, make_arms, names, register
 
 __all__ = [
     "Draft",
     "DraftContext",
     "DraftModel",
+    "DrafterPlan",
     "TargetInfo",
     "make",
     "make_arms",
     "names",
+    "plan",
     "register",
 ]

@@ -26,8 +26,9 @@ from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head
 from .base import Draft, DraftContext
 from .dflash_checkpoint import check_target, load_model, save_model
-from .dflash_head import DraftHead, KeptRows, head_subset
 from .dflash_model import DFlashModel
+from .restricted_head import DraftHead, KeptRows, head_subset
+from .shipped import default_checkpoint
 from .spec import DrafterArgs, Entry
 
 log = logging.getLogger(__name__)
@@ -331,38 +332,6 @@ def shared_model(
                 _MODELS.pop(next(iter(_MODELS)))
             _MODELS[key] = entry
     return entry
-
-
-SHIPPED = Path(__file__).parent / "checkpoints"
-
-
-def default_checkpoint(info: TargetInfo) -> Path | None:
-    """The DFlash checkpoint shipped with adaspec for this target, if any: a folder under
-    drafters/checkpoints whose config names the target's architecture and matches its
-    vocabulary, hidden size and layer count."""
-    import json
-
-    for cfg_file in sorted(SHIPPED.glob("*/config.json")):
-        cfg = json.loads(cfg_file.read_text())
-        target = cfg.get("adaspec_target") or {}
-        if (
-            target.get("model_type") == info.model_type
-            and cfg.get("vocab_size") == info.vocab_size
-            and cfg.get("hidden_size") == info.hidden_size
-            and cfg.get("num_target_layers") == info.num_layers
-        ):
-            return cfg_file.parent
-    return None
-
-
-def in_auto(folder: Path) -> bool:
-    """Whether `auto` puts this shipped checkpoint behind prompt lookup: its config says so
-    (`adaspec_target.in_auto`), which is set once the combination is measured to beat `pld`
-    alone on the development suite. Unmarked, `dflash` still loads it; `auto` is PLD alone."""
-    import json
-
-    cfg = json.loads((folder / "config.json").read_text())
-    return bool((cfg.get("adaspec_target") or {}).get("in_auto", False))
 
 
 def checkpoint_dir(folder: str | None, info: TargetInfo, who: str) -> Path:

@@ -1,6 +1,6 @@
 """DFlash checkpoints in z-lab's format (config.json + *.safetensors): validation against the
 config and the target, load and save. One optional tensor is adaspec's own: `head_token_ids`,
-the token set a restricted draft head proposes from (dflash_head.py)."""
+the token set a restricted draft head proposes from (restricted_head.py)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from mlx.utils import tree_flatten
 
 from ..errors import DrafterError, DrafterMismatchError, ModelLoadError
 from ..targets.base import TargetInfo
-from .dflash_head import HEAD_KEY, check_head_tokens
 from .dflash_model import DFlashConfig, DFlashModel
+from .restricted_head import HEAD_KEY, check_head_tokens
 
 log = logging.getLogger(__name__)
 

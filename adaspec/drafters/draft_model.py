@@ -32,7 +32,7 @@ from ..sampling_params import SamplingParams, sample
 from ..settings import Settings
 from ..targets.base import TargetInfo, embedding_and_head, inner_model
 from .base import Draft, DraftContext
-from .dflash_head import KeptRows, restricted_projection, select_head_tokens
+from .restricted_head import KeptRows, restricted_projection, select_head_tokens
 from .spec import DrafterArgs, Entry
 
 log = logging.getLogger(__name__)

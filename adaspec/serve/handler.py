@@ -12,23 +12,14 @@ from .generator import MAX_TOKENS_UNKNOWN_CONTEXT, context_length
 
 
 def check_drafter(spec: str) -> None:
-    """Raise ValueError naming `drafter` unless `spec` parses and names known drafters."""
-    from ..drafters import registry
-    from ..drafters.spec import split_arms
+    """Raise ValueError naming `drafter` unless `spec` can become a drafter plan (drafters.plan:
+    its syntax, drafter names and arguments; `auto` is expanded when the request is served)."""
+    from ..drafters.plan import check
 
-    if spec.strip() == "none":
-        return
-    known = {*registry.names(), "auto"}
     try:
-        arms = split_arms(spec)
+        check(spec)
     except ValueError as e:
         raise ValueError(f"drafter={spec!r} is invalid: {e}") from None
-    for arm in arms:
-        if arm.name not in known:
-            raise ValueError(
-                f"drafter={spec!r} names an unknown drafter {arm.name!r}; accepted: "
-                f"{', '.join(sorted(known | {'none'}))} (arms joined by '+')"
-            )
 
 
 class SpecAPIHandler(APIHandler):

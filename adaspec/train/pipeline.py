@@ -16,8 +16,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafters.dflash_checkpoint import save_model
-from ..drafters.dflash_head import select_head_tokens
 from ..drafters.dflash_model import DFlashModel
+from ..drafters.restricted_head import select_head_tokens
 from ..prompting import prompt_ids
 from ..targets.base import TargetInfo, embedding_and_head, target_info
 from . import card

@@ -1,5 +1,6 @@
-"""The DFlash drafter's output head: the target's lm_head, optionally restricted to a set of
-frequent token ids (FR-Spec style), and how that set is chosen, checked and stored."""
+"""A drafter's output head (DFlash's and the draft-model drafter's): the target's lm_head,
+optionally restricted to a set of frequent token ids (FR-Spec style), and how that set is
+chosen, checked and stored."""
 
 from __future__ import annotations
 
