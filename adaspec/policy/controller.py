@@ -16,7 +16,7 @@ from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter, Learne
 from ..targets.base import Forward, Target
 from . import sampling
 from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
-from .plan import AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
+from .plan import FLOOR, MEASURE, AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
 from .stats import GenerationStats, StepStats
 
 __all__ = ["AlwaysSpeculate", "DecodeConfig", "Decoder", "NeverSpeculate", "TokenEvent", "decode"]
@@ -305,7 +305,8 @@ class Decoder:
             rollback_s=t3 - t2,
             context=len(self.committed),
             p1=p1,
-            floored=plan.plain,
+            floored=plan.plain and plan.plain_reason == FLOOR,
+            measuring=plan.plain and plan.plain_reason == MEASURE,
             setup_s=draft.setup_s,
             overlapped=overlapped,
         )

@@ -20,7 +20,8 @@ class StepStats:
     rollback_s: float = 0.0
     context: int = 0  # committed sequence length after the step
     p1: float | None = None  # target's top-1 probability at the newest position, if computed
-    floored: bool = False  # the policy planned a plain step (floor, or a t_ar measurement)
+    floored: bool = False  # the policy floored: a gate fired, or every arm is held back
+    measuring: bool = False  # a plain step the policy took to time plain decoding
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
     nodes: int = 0  # nodes of a verified draft tree (drafted = its depth); 0 for a chain
     # a plain step inside a pipelined burst (its forward queued by the step before, and it
@@ -50,7 +51,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     steps: int = 0
     spec_steps: int = 0
-    floored_steps: int = 0
+    floored_steps: int = 0  # plain steps because the policy floored
+    measure_steps: int = 0  # plain steps that timed plain decoding (the commit gate's yardstick)
     drafted: int = 0
     accepted: int = 0
     committed: int = 0
@@ -85,6 +87,7 @@ class GenerationStats:
         self.rollback_s += s.rollback_s
         self.setup_s += s.setup_s
         self.floored_steps += s.floored
+        self.measure_steps += s.measuring
         if not s.speculative:
             return
         self.spec_steps += 1
@@ -119,7 +122,8 @@ class GenerationStats:
 
     @property
     def floored_fraction(self) -> float:
-        """Share of steps the policy decoded plainly (floors and t_ar measurements)."""
+        """Share of steps the policy decoded plainly because it floored (a gate fired, or every
+        arm was held back); plain steps that timed plain decoding are `measure_steps`."""
         return self.floored_steps / self.steps if self.steps else 0.0
 
     @property
@@ -141,6 +145,8 @@ class GenerationStats:
             "tau": round(self.tau, 4),
             "acceptance_rate": round(self.acceptance_rate, 4),
             "floored_fraction": round(self.floored_fraction, 4),
+            "floored_steps": self.floored_steps,
+            "measure_steps": self.measure_steps,
             "plain_fraction": round(self.plain_fraction, 4),
             "acceptance_by_position": [round(a, 4) for a in self.acceptance_by_position],
             "draft_s": round(self.draft_s, 6),
