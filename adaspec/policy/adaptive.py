@@ -14,7 +14,7 @@ from .arms import ArmScheduler, HoldConfig
 from .clock import ArClock, ClockConfig
 from .plan import MEASURE, NO_ARMS, UNLIMITED, Plan
 from .sizing import DraftSizer
-from .stats import StepStats
+from .stats import StepStats, arm_labels
 
 
 @dataclass(frozen=True)
@@ -146,15 +146,15 @@ class GatedPolicy:
             self.floor = fl.on_spec_step(self.cfg.probe, self.floor)
 
     def summary(self) -> dict:
-        f = self.floor
+        f, names = self.floor, arm_labels(self.names)
         return {
             "floors": f.floors,
             "probes_won": f.probes_won,
             "probes_lost": f.probes_lost,
             "lifts": self.lifts,
-            "arm_floors": {n: h.floors for n, h in zip(self.names, self.arms.held)},
-            "arm_held_steps": dict(zip(self.names, self.arms.held_steps)),
-            "tree_nodes": dict(zip(self.names, self.sizer.budgets())),
+            "arm_floors": {n: h.floors for n, h in zip(names, self.arms.held)},
+            "arm_held_steps": dict(zip(names, self.arms.held_steps)),
+            "tree_budgets": dict(zip(names, self.sizer.budgets())),
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": asdict(self.cfg),
         }

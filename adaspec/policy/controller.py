@@ -5,6 +5,7 @@ Holds no maths of its own; every token it emits was produced by the target's ver
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ from ..targets.base import Forward, Target
 from . import sampling
 from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
 from .plan import FLOOR, MEASURE, AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
-from .stats import GenerationStats, StepStats
+from .stats import GenerationStats, StepStats, arm_labels
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AlwaysSpeculate", "DecodeConfig", "Decoder", "NeverSpeculate", "TokenEvent", "decode"]
 
@@ -96,9 +99,7 @@ class Decoder:
         )
         self.stats.chains_only = self.chains_only
         names = [a.name for a in self.arms]
-        self.stats.arm_names = [
-            n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)
-        ]
+        self.stats.arm_names = arm_labels(names)
         self.policy.start(names)
 
     def _ctx(
@@ -310,7 +311,10 @@ class Decoder:
             setup_s=draft.setup_s,
             overlapped=overlapped,
         )
+        warned = len(self.stats.warnings)
         self.stats.record(s)
+        for w in self.stats.warnings[warned:]:
+            log.warning(w)
         self.policy.observe(s)
         if draft.tokens:
             self.stats.policy = self.policy.summary()

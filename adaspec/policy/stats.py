@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+# an arm whose first this-many drafting steps had nothing accepted is reported (a warning)
+NEVER_ACCEPTED_STEPS = 8
+
+
+def arm_labels(names: Sequence[str]) -> list[str]:
+    """The arms' names as stats key them: a name given twice gets its index (`pld#2`)."""
+    return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +77,7 @@ class GenerationStats:
     arm_names: list[str] = field(default_factory=list)
     # by_arm[name]: speculative steps, drafted, accepted and committed tokens of that arm
     by_arm: dict[str, dict[str, int]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what the user should know, as it happened
 
     # trees: steps that verified one and their nodes; why drafts are chains ("" = trees on);
     # tree drafts turned into their best chain, by reason
@@ -102,6 +112,12 @@ class GenerationStats:
             row["drafted"] += s.drafted
             row["accepted"] += s.accepted
             row["committed"] += s.committed
+            if row["steps"] == NEVER_ACCEPTED_STEPS and row["accepted"] == 0:
+                self.warnings.append(
+                    f"arm {self.arm_names[s.arm]!r} drafted {row['drafted']} tokens in its first "
+                    f"{NEVER_ACCEPTED_STEPS} steps and none was accepted: does it draft for this "
+                    "model (its tokenizer, its weights)?"
+                )
         self.drafted += s.drafted
         self.accepted += s.accepted
         grow = max(s.drafted - len(self.drafted_at), 0)
@@ -135,7 +151,21 @@ class GenerationStats:
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
+    def arm_rows(self) -> dict[str, dict[str, int]]:
+        """Every arm's speculative steps, drafted, accepted and committed tokens, and (from the
+        policy) how often it was held back and how many steps it sat out held."""
+        holds = self.policy.get("arm_floors", {})
+        held_steps = self.policy.get("arm_held_steps", {})
+        rows = {}
+        for name in self.arm_names or list(self.by_arm):
+            row = dict(self.by_arm.get(name, {"steps": 0, "drafted": 0, "accepted": 0}))
+            row.setdefault("committed", 0)
+            row["held"], row["held_steps"] = holds.get(name, 0), held_steps.get(name, 0)
+            rows[name] = row
+        return rows
+
     def summary(self) -> dict:
+        """Counts and times of this generation as a flat dict (`describe` renders it)."""
         return {
             "steps": self.steps,
             "spec_steps": self.spec_steps,
@@ -155,10 +185,57 @@ class GenerationStats:
             "setup_s": round(self.setup_s, 6),
             "prefill_s": round(self.prefill_s, 6),
             "cached_tokens": self.cached_tokens,
-            "by_arm": {k: dict(v) for k, v in self.by_arm.items()},
+            "by_arm": self.arm_rows(),
             "tree_steps": self.tree_steps,
             "tree_nodes": self.tree_nodes,
             "chains_only": self.chains_only,
             "chained": dict(self.chained),
+            "warnings": list(self.warnings),
             **{k: v for k, v in self.policy.items() if k != "config"},
         }
+
+    def describe(self) -> str:
+        return describe(self.summary())
+
+
+def arm_lines(summary: dict) -> list[str]:
+    """One line per arm of a `summary()`: drafted, accepted, tau, share of steps, held back."""
+    steps = max(summary.get("steps", 0), 1)
+    lines = []
+    for name, r in summary.get("by_arm", {}).items():
+        n, d, a = r["steps"], r["drafted"], r["accepted"]
+        tau = r.get("committed", 0) / n if n else 0.0
+        lines.append(
+            f"arm {name}: drafted {d} tokens in {n} steps ({n / steps:.0%} of steps), accepted "
+            f"{a} ({a / d if d else 0:.0%}), tau {tau:.2f}, held back {r.get('held', 0)} times "
+            f"({r.get('held_steps', 0)} steps)"
+        )
+    return lines
+
+
+def describe(summary: dict) -> str:
+    """A `summary()` as lines a person reads: steps and why the plain ones were plain, tokens
+    and acceptance, the policy's decisions, each arm, times, warnings."""
+    g = summary.get
+    steps, spec = g("steps", 0), g("spec_steps", 0)
+    floored, measure = g("floored_steps", 0), g("measure_steps", 0)
+    by_pos = " ".join(f"{a:.2f}" for a in g("acceptance_by_position", []))
+    lines = [
+        f"steps {steps}: {spec} drafted, {steps - spec} plain (floored {floored}, timing plain "
+        f"steps {measure}, no draft {steps - spec - floored - measure})",
+        f"tokens {g('committed', 0)}: tau {g('tau', 0):.2f} per drafted step; accepted "
+        f"{g('accepted', 0)} of {g('drafted', 0)} drafted ({g('acceptance_rate', 0):.0%}); by "
+        f"position {by_pos or '-'}",
+    ]
+    if "floors" in summary:
+        lines.append(
+            f"policy: floors {g('floors')} (probes won {g('probes_won')}, lost "
+            f"{g('probes_lost')}), lifts {g('lifts')}, plain step {g('t_ar_ms')} ms"
+        )
+    lines += arm_lines(summary)
+    cached = f" ({g('cached_tokens')} prompt tokens cached)" if g("cached_tokens") else ""
+    lines.append(
+        f"seconds: prefill {g('prefill_s', 0):.3f}{cached}, draft {g('draft_s', 0):.3f}, "
+        f"verify {g('verify_s', 0):.3f}, rollback {g('rollback_s', 0):.3f}"
+    )
+    return "\n".join(lines + [f"warning: {w}" for w in g("warnings", [])])
