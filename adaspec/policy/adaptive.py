@@ -38,10 +38,12 @@ class PolicyConfig:
     def from_settings(cls, s: Settings) -> PolicyConfig:
         """ADASPEC_GATE lists the gates; `off` also turns off what only serves them (the arm
         holds and the clock's measurement bursts): every step then asks the arms."""
-        w = dict(weight=s.draft_ema_weight, slow_weight=s.arm_hold_ema_weight)
-        length = draft_length.LengthConfig(s.draft_min, s.draft_max, **w)
-        if not s.draft_adaptive:
-            length = draft_length.LengthConfig(s.draft_max, s.draft_max, **w)
+        length = draft_length.LengthConfig(
+            s.draft_min if s.draft_adaptive else s.draft_max,
+            s.draft_max,
+            weight=s.draft_ema_weight,
+            slow_weight=s.arm_hold_ema_weight,
+        )
         off = s.gate == "off"
         return cls(
             gates=gates.configs(s),

@@ -311,10 +311,7 @@ class Decoder:
             setup_s=draft.setup_s,
             overlapped=overlapped,
         )
-        warned = len(self.stats.warnings)
         self.stats.record(s)
-        for w in self.stats.warnings[warned:]:
-            log.warning(w)
         self.policy.observe(s)
         if draft.tokens:
             self.stats.policy = self.policy.summary()
@@ -358,3 +355,5 @@ def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
             if isinstance(arm, Learner):
                 arm.finish()
         decoder.stats.policy = decoder.policy.summary()
+        for w in decoder.stats.warnings:
+            log.warning(w)

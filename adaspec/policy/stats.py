@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-# an arm whose first this-many drafting steps had nothing accepted is reported (a warning)
-NEVER_ACCEPTED_STEPS = 8
+# an arm that drafted in at least this many steps of a generation, none accepted, is reported
+NEVER_ACCEPTED_STEPS = 16
 
 
 def arm_labels(names: Sequence[str]) -> list[str]:
@@ -77,7 +77,6 @@ class GenerationStats:
     arm_names: list[str] = field(default_factory=list)
     # by_arm[name]: speculative steps, drafted, accepted and committed tokens of that arm
     by_arm: dict[str, dict[str, int]] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)  # what the user should know, as it happened
 
     # trees: steps that verified one and their nodes; why drafts are chains ("" = trees on);
     # tree drafts turned into their best chain, by reason
@@ -112,12 +111,6 @@ class GenerationStats:
             row["drafted"] += s.drafted
             row["accepted"] += s.accepted
             row["committed"] += s.committed
-            if row["steps"] == NEVER_ACCEPTED_STEPS and row["accepted"] == 0:
-                self.warnings.append(
-                    f"arm {self.arm_names[s.arm]!r} drafted {row['drafted']} tokens in its first "
-                    f"{NEVER_ACCEPTED_STEPS} steps and none was accepted: does it draft for this "
-                    "model (its tokenizer, its weights)?"
-                )
         self.drafted += s.drafted
         self.accepted += s.accepted
         grow = max(s.drafted - len(self.drafted_at), 0)
@@ -150,6 +143,16 @@ class GenerationStats:
     @property
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know: arms that kept drafting and were never accepted."""
+        return [
+            f"arm {name!r} drafted {r['drafted']} tokens in {r['steps']} steps and none was "
+            "accepted (a drafter for another tokenizer or model looks like this)"
+            for name, r in self.by_arm.items()
+            if r["steps"] >= NEVER_ACCEPTED_STEPS and r["accepted"] == 0
+        ]
 
     def arm_rows(self) -> dict[str, dict[str, int]]:
         """Every arm's speculative steps, drafted, accepted and committed tokens, and (from the
@@ -190,7 +193,7 @@ class GenerationStats:
             "tree_nodes": self.tree_nodes,
             "chains_only": self.chains_only,
             "chained": dict(self.chained),
-            "warnings": list(self.warnings),
+            "warnings": self.warnings,
             **{k: v for k, v in self.policy.items() if k != "config"},
         }
 
