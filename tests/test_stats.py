@@ -119,3 +119,4 @@ def test_describe_reads_as_lines():
     assert text[2] == "policy: floors 2 (probes won 1, lost 1), lifts 0, plain step 30.0 ms"
     assert text[3].endswith("held back 1 times (9 steps)")
     assert text[4].startswith("seconds: prefill 0.000, draft 0.000, verify 0.020")
+    assert str(s) == s.describe() == "\n".join(text)

@@ -200,6 +200,8 @@ class GenerationStats:
     def describe(self) -> str:
         return describe(self.summary())
 
+    __str__ = describe  # print(stats): the lines a person reads
+
 
 def arm_lines(summary: dict) -> list[str]:
     """One line per arm of a `summary()`: drafted, accepted, tau, share of steps, held back."""
