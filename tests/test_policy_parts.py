@@ -167,6 +167,13 @@ def test_the_settings_know_every_registered_gate():
     assert list(settings_mod.GATE_NAMES) == list(gates.REGISTRY)
 
 
+@pytest.mark.parametrize("name", ["off", "both", "Loud", "two words", "", "9lives"])
+def test_a_gate_name_must_be_listable(name):
+    with pytest.raises(SettingsError, match=f"gate name '{name}' is invalid; accepted: lower"):
+        gates.register_gate(name, lambda s: gates.CommitConfig())
+    assert name not in gates.REGISTRY
+
+
 def drive(pol, steps):
     """Feed `steps()` (a speculative step) whenever the plan drafts, a plain step otherwise;
     return the trace ('A' plain, 'S' speculative)."""
