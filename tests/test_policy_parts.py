@@ -18,7 +18,7 @@ from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.policy.arms import ArmScheduler, HoldConfig
 from adaspec.policy.clock import ArClock, ClockConfig
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.policy.plan import MEASURE, UNLIMITED
+from adaspec.policy.plan import FLOOR, MEASURE, UNLIMITED
 from adaspec.policy.sizing import DraftSizer
 from adaspec.policy.stats import StepStats
 from adaspec.settings import from_env
@@ -210,7 +210,9 @@ def test_one_gate_does_not_turn_the_clock_or_the_holds_off():
         pol.observe(plain())
     assert not pol.plan().plain
     pol.observe(spec(k=2, accepted=0, draft_s=0.008, verify_s=0.014))
-    assert pol.arms.held[0].floors == 1 and pol.plan().plain and pol.floor.floors == 0
+    plan = pol.plan()  # every arm held: a plain step the stats count as floored
+    assert pol.arms.held[0].floors == 1 and plan.plain and plan.plain_reason == FLOOR
+    assert pol.floor.floors == 0
 
 
 @dataclass(frozen=True)
