@@ -5,7 +5,8 @@ and the same answer to every lift, at every step of every recorded generation.
     PYTHONPATH=. python benchmarks/policy_replay.py record TRACE.jsonl bench --suite ... [CLI args]
     PYTHONPATH=. python benchmarks/policy_replay.py replay TRACE.jsonl
 
-(PYTHONPATH: the adaspec of the tree it is run from, not an installed one.)
+(PYTHONPATH: the adaspec of the tree it is run from, not an installed one.) TRACE may be
+gzipped; tests/data holds two, which tests/test_policy_replay.py replays.
 The replay feeds the policy the recorded steps (their times included), so decisions depend on
 nothing but the code; it runs under the settings of the environment it is started in, which
 should be the recording's.
@@ -14,6 +15,7 @@ should be the recording's.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import sys
 from typing import Any
@@ -96,7 +98,7 @@ def replay(path: str) -> int:
     fields = {f.name for f in dataclasses.fields(StepStats)}
     settings = from_env()
     policies = steps = 0
-    with open(path) as f:
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         for line_no, line in enumerate(f, 1):
             calls = json.loads(line)
             pol = api.default_policy([object()], settings)
