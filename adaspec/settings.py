@@ -24,7 +24,9 @@ from .errors import SettingsError
 PREFIX = "ADASPEC_"
 # Read under their own names, not as ADASPEC_ knobs (field -> variable)
 HOST = {"xdg_cache_home": "XDG_CACHE_HOME", "cc": "CC", "ld_library_path": "LD_LIBRARY_PATH"}
-GATE_CHOICES = ("both", "entropy", "commit", "off")
+# gates ADASPEC_GATE may list (an ordered set): the built-in ones, and any registered with
+# adaspec.policy.gates.register_gate
+GATE_NAMES: dict[str, None] = {"commit": None, "entropy": None}
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
 WEIGHT_CHOICES = ("auto", "fp32", "bf16")  # a drafter's weights (adaspec/kernels/shadow.py)
@@ -74,7 +76,7 @@ class Settings(BaseSettings):
     dflash_block: int = Field(0, ge=0, le=64)
     dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)
     dflash_ctx_sink: int = Field(4, ge=0, le=1024)
-    # Gates (DESIGN §5): which are active, and their thresholds
+    # Gates (DESIGN §5): which are active (a comma-separated list, or off), and their thresholds
     gate: str = "commit"
     gate_ar_p1: float = Field(0.90, gt=0, le=1)
     gate_tie_p1: float = Field(0.45, ge=0, le=1)
@@ -162,11 +164,31 @@ class Settings(BaseSettings):
             "accepted: auto, routed, mkl, openblas, off, or a path to a BLAS shared library"
         )
 
-    @field_validator("gate", "rollback", "kernel_isa", "draft_model_weights", "stored_weights")
+    @field_validator("gate")
+    @classmethod
+    def _gate_list(cls, v: str) -> str:
+        v = str(v).strip().lower()
+        if v in ("off", "both"):
+            return v
+        names = [n.strip() for n in v.split(",")]
+        if all(n in GATE_NAMES for n in names):
+            return ",".join(dict.fromkeys(names))
+        raise ValueError(
+            f"accepted: a comma-separated list of {', '.join(GATE_NAMES)}; both (= "
+            "commit,entropy); or off"
+        )
+
+    @property
+    def gate_names(self) -> tuple[str, ...]:
+        """The active gates, in the order given (none for off; both = commit,entropy)."""
+        if self.gate in ("off", "both"):
+            return () if self.gate == "off" else ("commit", "entropy")
+        return tuple(self.gate.split(","))
+
+    @field_validator("rollback", "kernel_isa", "draft_model_weights", "stored_weights")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
         choices = {
-            "gate": GATE_CHOICES,
             "rollback": ROLLBACK_CHOICES,
             "kernel_isa": ISA_CHOICES,
             "draft_model_weights": WEIGHT_CHOICES,

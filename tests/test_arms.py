@@ -21,7 +21,7 @@ from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.registry import default_spec, make, make_arms
 from adaspec.drafters.suffix import SuffixDrafter
 from adaspec.errors import DrafterError
-from adaspec.policy import gates
+from adaspec.policy import floor
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.policy.stats import StepStats
@@ -132,28 +132,28 @@ def drafted(arm, k, accepted, draft_s, verify_s):
 
 
 def two_arms(**cfg):
-    pol = GatedPolicy(PolicyConfig(entropy=None, **cfg))
+    pol = GatedPolicy(PolicyConfig(**cfg))
     pol.start(["pld", "model"])
     return pol
 
 
 def test_the_policy_prices_each_arm_apart():
-    pol = two_arms(commit=None)
+    pol = two_arms(gates=(), clock=None, holds=None)
     for _ in range(3):
         pol.observe(plain())
     for _ in range(10):  # free copies, all accepted
         pol.observe(drafted(0, 8, 8, 1e-4, 0.09))
-    copies, model = pol.length
+    copies, model = pol.sizer.length
     assert model.accept == () and copies.accept[0] > 0.9
     for _ in range(10):  # a model drafter: 0.04 s per token, mostly rejected
         pol.observe(drafted(1, 2, 0, 0.08, 0.06))
     plan = dict(pol.plan().arms)
     assert plan[1] < plan[0]
-    assert pol.length[0].draft_cost < 1e-3 < pol.length[1].draft_cost
+    assert pol.sizer.length[0].draft_cost < 1e-3 < pol.sizer.length[1].draft_cost
 
 
 def test_an_arm_gives_way_when_a_later_one_commits_more_per_second():
-    pol = two_arms(commit=None)
+    pol = two_arms(gates=(), clock=None, holds=None)
     for _ in range(3):
         pol.observe(plain())
     for _ in range(6):  # free copies, always rejected at once
@@ -171,7 +171,7 @@ def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes
     """PLD + a weak model drafter: once plain steps are expected to commit more per second
     than the model's drafts, the model stops (PLD does not) and comes back as probes on the
     floor's growing backoff; an arm alone is held back by the same rule."""
-    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
+    probe = floor.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=2)
     pol = two_arms(probe=probe)
     for _ in range(3):
         pol.observe(plain())
@@ -188,20 +188,20 @@ def test_a_costly_arm_is_held_back_while_plain_steps_beat_it_and_a_free_one_goes
             n += 1
         waits.append(n)
         pol.observe(weak)
-    assert waits == [4, 8, 16, 32] and pol.held[1].floors == 5
+    assert waits == [4, 8, 16, 32] and pol.arms.held[1].floors == 5
     # the losing probes were judged by the model's own floor: the copies were never floored
-    assert pol.floor.floors == 0 and pol.held[0].floors == 0 and 0 in dict(pol.plan().arms)
-    alone = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    assert pol.floor.floors == 0 and pol.arms.held[0].floors == 0 and 0 in dict(pol.plan().arms)
+    alone = GatedPolicy(PolicyConfig(probe=probe))
     alone.start(["model"])
     for _ in range(3):
         alone.observe(plain())
     alone.observe(drafted(0, 2, 0, 0.04, 0.07))
     # a lone arm is held back the same way; the plain steps until its probe are pipelined
     plan = alone.plan()
-    assert plan.plain and plan.plain_ahead == 3 and alone.held[0].floors == 1
+    assert plan.plain and plan.plain_ahead == 3 and alone.arms.held[0].floors == 1
     for _ in range(4):
         alone.observe(plain())
-    assert not alone.plan().plain and alone.held[0].probing
+    assert not alone.plan().plain and alone.arms.held[0].probing
 
 
 MISS = drafted(0, 2, 0, 0.02, 0.06)  # 1 token in 0.08 s: commit ratio 0.625 (plain: 1 in 0.05)
@@ -212,19 +212,21 @@ SLOW_MISS = drafted(0, 2, 0, 0.04, 0.07)  # 1 token in 0.11 s: 0.45, below half 
 def held_lone_arm() -> GatedPolicy:
     """A lone model arm whose slow estimate says plain steps beat it, held back and probing
     again after the backoff (4 plain steps); probes last 3 steps."""
-    probe = gates.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=3)
-    pol = GatedPolicy(PolicyConfig(entropy=None, probe=probe))
+    probe = floor.ProbeConfig(backoff=4, growth=2.0, max_backoff=64, probe_len=3)
+    pol = GatedPolicy(PolicyConfig(probe=probe))
     pol.start(["model"])
     for _ in range(3):
         pol.observe(plain())
     for _ in range(4):
         pol.observe(HIT)
-    pol.length[0] = replace(pol.length[0], slow=(0.05, 0.05))  # stale: learnt before a floor
-    assert pol._loses_to_plain(0)
-    pol.held[0] = gates.on_floor(probe, pol.held[0])
+    pol.sizer.length[0] = replace(
+        pol.sizer.length[0], slow=(0.05, 0.05)
+    )  # stale: learnt before a floor
+    assert pol.arms.loses_to_plain(0, pol.clock.t_ar)
+    pol.arms.held[0] = floor.on_floor(probe, pol.arms.held[0])
     for _ in range(4):
         pol.observe(plain())
-    assert pol.held[0].probing and not pol.plan().plain
+    assert pol.arms.held[0].probing and not pol.plan().plain
     return pol
 
 
@@ -245,16 +247,16 @@ def test_a_held_arms_probe_is_judged_on_its_own_steps(probe, lost_at):
     pol = held_lone_arm()
     for i, s in enumerate(probe[:3]):
         pol.observe(s)
-        h = pol.held[0]
+        h = pol.arms.held[0]
         if i == lost_at:
             assert h.floored and h.probes_lost == 1 and h.ar_left == 8
             return
         assert not h.floored
-    assert pol.held[0].probes_won == 1 and not pol.held[0].probing
-    assert pol.length[0].slow == pol.length[0].accept
+    assert pol.arms.held[0].probes_won == 1 and not pol.arms.held[0].probing
+    assert pol.sizer.length[0].slow == pol.sizer.length[0].accept
     for s in probe[3:]:  # after a won probe the arm is judged by its estimate again
         pol.observe(s)
-    assert not pol._loses_to_plain(0) and not pol.held[0].floored
+    assert not pol.arms.loses_to_plain(0, pol.clock.t_ar) and not pol.arms.held[0].floored
 
 
 @pytest.mark.parametrize("arch", sorted(TARGETS))
@@ -265,11 +267,11 @@ def test_a_floor_is_lifted_by_a_strong_copy_and_costly_arms_are_not_peeked(arch)
     target = TARGETS[arch]
     for prompt, strong in (([3, 1, 4, 1, 5, 9, 2, 6] * 3, True), (list(range(12)), False)):
         pld, dfl = pld_then_dflash(target, seed=4)
-        pol = GatedPolicy(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1000)))
+        pol = GatedPolicy(PolicyConfig(probe=floor.ProbeConfig(backoff=1000)))
         dec = Decoder(KVTarget(target), [pld, dfl], DecodeConfig(max_tokens=8), policy=pol)
         dec.prefill(prompt)
         pol.clock.t_ar = 0.05
-        pol.floor = gates.on_floor(pol.cfg.probe, pol.floor)
+        pol.floor = floor.on_floor(pol.cfg.probe, pol.floor)
         calls = []
         real = dfl.draft
         dfl.draft = lambda c, real=real, calls=calls: calls.append(c) or real(c)
@@ -279,9 +281,11 @@ def test_a_floor_is_lifted_by_a_strong_copy_and_costly_arms_are_not_peeked(arch)
         assert pol.lifts == int(strong) and pol.floor.floored is not strong
         assert len(calls) == int(not strong)  # PLD came first; a lift ends the look
         if not strong:
-            pol.length[1] = pol.length[1].__class__(draft_cost=0.01)  # 20% of a plain step
+            pol.sizer.length[1] = pol.sizer.length[1].__class__(
+                draft_cost=0.01
+            )  # 20% of a plain step
             assert pol.plan().peek == (0,)
-    assert not math.isnan(pol.length[0].draft_cost)
+    assert not math.isnan(pol.sizer.length[0].draft_cost)
 
 
 def test_specs_with_several_arms_and_auto(tmp_path):

@@ -15,8 +15,10 @@ from tiny import VOCAB, ar_greedy
 
 from adaspec.drafters.base import Draft
 from adaspec.errors import DrafterError
-from adaspec.policy import gates
+from adaspec.policy import floor, gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+from adaspec.policy.arms import HoldConfig
+from adaspec.policy.clock import ClockConfig
 from adaspec.policy.controller import (
     AlwaysSpeculate,
     DecodeConfig,
@@ -143,14 +145,19 @@ def test_steps_inside_a_pipelined_burst_are_marked_overlapped(tiny):
 
 gate_configs = st.builds(
     lambda ar_p1, tie, margin, warmup, sustain, backoff, which: PolicyConfig(
-        entropy=gates.EntropyConfig(ar_p1=ar_p1, tie_p1=min(tie, ar_p1), sustain=sustain)
-        if which != "commit"
-        else None,
-        commit=gates.CommitConfig(margin=margin, warmup=warmup, sustain=sustain)
-        if which != "entropy"
-        else None,
-        probe=gates.ProbeConfig(backoff=backoff, growth=2, max_backoff=16, probe_len=2),
-        t_ar_refresh=0.1,
+        gates=(
+            *(
+                [gates.EntropyConfig(ar_p1=ar_p1, tie_p1=min(tie, ar_p1), sustain=sustain)]
+                * (which != "commit")
+            ),
+            *(
+                [gates.CommitConfig(margin=margin, warmup=warmup, sustain=sustain)]
+                * (which != "entropy")
+            ),
+        ),
+        probe=floor.ProbeConfig(backoff=backoff, growth=2, max_backoff=16, probe_len=2),
+        clock=ClockConfig(refresh=0.1) if which != "entropy" else None,
+        holds=HoldConfig(margin=margin) if which != "entropy" else None,
     ),
     st.floats(0.05, 1.0),
     st.floats(0, 1),

@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.errors import SettingsError
-from adaspec.policy import gates
+from adaspec.policy import floor, gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+from adaspec.policy.clock import ArClock, ClockConfig
 from adaspec.policy.stats import StepStats
 from adaspec.settings import from_env
 
@@ -31,8 +32,8 @@ def run_commit(ratios, cfg=C):
     """Feed steps with the given commit ratios; return the index of the first floor or None."""
     s = gates.CommitState()
     for i, r in enumerate(ratios):
-        s, floor = gates.commit_step(cfg, s, committed=1, step_s=T_AR / r, t_ar=T_AR)
-        if floor:
+        s, fire = gates.commit_step(cfg, s, committed=1, step_s=T_AR / r, t_ar=T_AR)
+        if fire:
             return i
     return None
 
@@ -62,8 +63,8 @@ def test_a_good_step_resets_the_streak():
     for r in [0.9] * 4:
         s, _ = gates.commit_step(W5, s, 1, T_AR / r, T_AR)
     assert s.streak == 1
-    s, floor = gates.commit_step(W5, s, 5, T_AR, T_AR)
-    assert s.streak == 0 and not floor
+    s, fire = gates.commit_step(W5, s, 5, T_AR, T_AR)
+    assert s.streak == 0 and not fire
 
 
 def test_zero_times_are_guarded():
@@ -87,7 +88,7 @@ def test_slow_warmup_then_tau_14_does_not_floor():
 
 
 def test_disabled_gates_never_fire():
-    pol = one_arm(PolicyConfig(entropy=None, commit=None))
+    pol = one_arm(PolicyConfig(gates=(), clock=None, holds=None))
     for i in range(200):
         assert not pol.plan().plain
         pol.observe(
@@ -99,12 +100,12 @@ def test_disabled_gates_never_fire():
 
 
 def test_entropy_tie_floors_at_once_and_confidence_never_does():
-    s, floor = gates.entropy_step(E, gates.EntropyState(), 0.3)
-    assert floor
+    s, fire = gates.entropy_step(E, gates.EntropyState(), 0.3)
+    assert fire
     s = gates.EntropyState()
     for _ in range(100):
-        s, floor = gates.entropy_step(E, s, 0.97)
-        assert not floor
+        s, fire = gates.entropy_step(E, s, 0.97)
+        assert not fire
 
 
 def test_entropy_sustained_low_confidence_floors():
@@ -154,10 +155,10 @@ def drive(pol, n_steps, spec_step):
 def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
     warmup, sustain, slow, entropy, p1, weight
 ):
+    commit = gates.CommitConfig(sustain=sustain, warmup=warmup, weight=weight)
     cfg = PolicyConfig(
-        entropy=E if entropy else None,
-        commit=gates.CommitConfig(sustain=sustain, warmup=warmup, weight=weight),
-        probe=gates.ProbeConfig(backoff=1000, max_backoff=1000),
+        gates=(E, commit) if entropy else (commit,),
+        probe=floor.ProbeConfig(backoff=1000, max_backoff=1000),
     )
     pol = one_arm(cfg)
     trace = drive(pol, 80, lambda ctx: spec(ctx, 1, T_AR * slow, p1))
@@ -184,7 +185,7 @@ def test_always_wrong_drafter_floors_within_warmup_plus_sustain_plus_one(
 def test_probes_follow_the_backoff_schedule(env, want):
     probe = {f"ADASPEC_PROBE_{k}": v for k, v in env.items()}
     cfg = PolicyConfig.from_settings(from_env({"ADASPEC_GATE": "commit", **probe}))
-    pol = one_arm(replace(cfg, t_ar_refresh=1e6))
+    pol = one_arm(replace(cfg, clock=ClockConfig(refresh=1e6)))
     trace = drive(pol, 1000, lambda ctx: spec(ctx, 1, T_AR * 4))  # always losing
     runs = [len(r) for r in trace.strip("A").split("S") if r]  # plain runs between probes
     assert runs[: len(want)] == want
@@ -192,8 +193,8 @@ def test_probes_follow_the_backoff_schedule(env, want):
 
 
 def test_a_winning_probe_resets_the_backoff():
-    probe = gates.ProbeConfig(backoff=2, growth=2, max_backoff=64, probe_len=3)
-    pol = one_arm(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    probe = floor.ProbeConfig(backoff=2, growth=2, max_backoff=64, probe_len=3)
+    pol = one_arm(PolicyConfig(probe=probe, clock=ClockConfig(refresh=1e6)))
     drive(pol, 40, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert pol.floor.backoff > 2
     drive(pol, 200, lambda ctx: spec(ctx, 6, T_AR * 1.5))  # now speculation wins
@@ -201,7 +202,7 @@ def test_a_winning_probe_resets_the_backoff():
 
 
 def test_t_ar_is_remeasured_as_the_context_grows():
-    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=0.25, t_ar_refresh_min=16))
+    pol = one_arm(PolicyConfig(clock=ClockConfig(refresh=0.25, refresh_min=16)))
     trace = drive(pol, 400, lambda ctx: spec(ctx, 4, T_AR * 1.5))
     # each (re)measurement is a burst of 4 plain steps; 100 -> 500 tokens: re-measured
     assert trace.startswith("AAAAS") and trace.count("AAAA") >= 2
@@ -212,7 +213,7 @@ def test_t_ar_is_remeasured_as_the_context_grows():
 def test_t_ar_waits_for_the_context_to_grow_by_both_the_fraction_and_the_tokens(at_least, bursts):
     """From 100 tokens, doubling: re-measured at ~200 and ~400 with no minimum; a minimum of
     150 tokens moves the first to ~250, whose double is past the end; 512: measured once."""
-    pol = one_arm(PolicyConfig(entropy=None, t_ar_refresh=1.0, t_ar_refresh_min=at_least))
+    pol = one_arm(PolicyConfig(clock=ClockConfig(refresh=1.0, refresh_min=at_least)))
     trace = drive(pol, 350, lambda ctx: spec(ctx, 4, T_AR * 1.5))
     assert trace.count("AAAA") == bursts and trace.startswith("AAAAS")
 
@@ -220,7 +221,10 @@ def test_t_ar_waits_for_the_context_to_grow_by_both_the_fraction_and_the_tokens(
 @pytest.mark.parametrize(
     "env, match",
     [
-        ({"ADASPEC_GATE": "maybe"}, "ADASPEC_GATE='maybe' is invalid.*both, entropy, commit, off"),
+        (
+            {"ADASPEC_GATE": "maybe"},
+            "ADASPEC_GATE='maybe' is invalid.*list of commit, entropy.*or off",
+        ),
         ({"ADASPEC_GATE_TIE_P1": "0.95"}, "TIE_P1=0.95 is larger than ADASPEC_GATE_AR_P1=0.9"),
         ({"ADASPEC_GATE_MARGIN": "-1"}, "ADASPEC_GATE_MARGIN='-1' is invalid"),
         ({"ADASPEC_GATE_WARMUP": "two"}, "ADASPEC_GATE_WARMUP='two' is invalid"),
@@ -237,12 +241,12 @@ def test_settings_map_onto_the_policy():
     cfg = PolicyConfig.from_settings(
         from_env({"ADASPEC_GATE": "commit", "ADASPEC_GATE_MARGIN": "1.2"})
     )
-    assert cfg.entropy is None and cfg.commit.margin == 1.2
+    assert [type(g) for g in cfg.gates] == [gates.CommitConfig] and cfg.gates[0].margin == 1.2
 
 
 def test_a_losing_probe_refloors_after_one_speculative_step():
-    probe = gates.ProbeConfig(backoff=3, growth=2, max_backoff=64, probe_len=4)
-    pol = one_arm(PolicyConfig(entropy=None, probe=probe, t_ar_refresh=1e6))
+    probe = floor.ProbeConfig(backoff=3, growth=2, max_backoff=64, probe_len=4)
+    pol = one_arm(PolicyConfig(probe=probe, clock=ClockConfig(refresh=1e6)))
     trace = drive(pol, 80, lambda ctx: spec(ctx, 1, T_AR * 1.5))  # ratio 0.67 < margin
     first_floor = trace.index("A", trace.index("S"))
     probes = trace[first_floor:].strip("A").split("A")
@@ -252,12 +256,12 @@ def test_a_losing_probe_refloors_after_one_speculative_step():
 
 
 def test_a_strong_candidate_lifts_the_floor_into_a_probe():
-    pol = one_arm(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50)))
+    pol = one_arm(PolicyConfig(probe=floor.ProbeConfig(backoff=50)))
     drive(pol, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert pol.floor.floored and pol.plan().plain_ahead >= 1
     assert pol.lift() and not pol.floor.floored and pol.floor.probing
     assert pol.lifts == 1 and not pol.lift()  # nothing to lift when not floored
-    off = one_arm(PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=50), lift=False))
+    off = one_arm(PolicyConfig(probe=floor.ProbeConfig(backoff=50), lift=False))
     drive(off, 12, lambda ctx: spec(ctx, 1, T_AR * 4))
     assert not off.lift() and off.floor.floored
 
@@ -266,16 +270,16 @@ def test_a_strong_candidate_lifts_the_floor_into_a_probe():
 def test_lost_lifts_back_off_and_a_won_lift_resets(events):
     """Pure FloorState: after a lost lift, no lift is possible for lift_backoff plain steps; the
     lift backoff grows (to the cap) with consecutive lost lifts and resets when a lift wins."""
-    cfg = gates.ProbeConfig(backoff=4, growth=2, max_backoff=32, probe_len=3)
-    s = gates.on_floor(cfg, gates.FloorState())
+    cfg = floor.ProbeConfig(backoff=4, growth=2, max_backoff=32, probe_len=3)
+    s = floor.on_floor(cfg, floor.FloorState())
     since_lost, wait, lost_in_row = None, 0, 0
     for e in events:
         if e == "plain":
-            s = gates.on_plain_step(s)
+            s = floor.on_plain_step(s)
             since_lost = None if since_lost is None else since_lost + 1
         elif e == "lift":
             before = s
-            s = gates.on_lift(s)
+            s = floor.on_lift(s)
             lifted = s is not before and s.lifted
             if since_lost is not None and since_lost < wait:
                 assert not lifted  # still backing off
@@ -283,7 +287,7 @@ def test_lost_lifts_back_off_and_a_won_lift_resets(events):
                 assert s.probing and not s.floored
         elif s.probing and e == "lose":
             was_lift = s.lifted
-            s = gates.on_floor(cfg, s)
+            s = floor.on_floor(cfg, s)
             if was_lift:
                 lost_in_row += 1
                 wait = min(cfg.backoff * 2**lost_in_row, cfg.max_backoff)
@@ -292,19 +296,17 @@ def test_lost_lifts_back_off_and_a_won_lift_resets(events):
         elif s.probing and e == "win":
             was_lift = s.lifted
             for _ in range(cfg.probe_len):
-                s = gates.on_spec_step(cfg, s)
+                s = floor.on_spec_step(cfg, s)
             assert not s.probing
             if was_lift:
                 assert s.lift_backoff == 0
                 lost_in_row = 0
-            s = gates.on_floor(cfg, s)  # end the run of speculation for the next event
+            s = floor.on_floor(cfg, s)  # end the run of speculation for the next event
 
 
 def test_ar_clock_reads_the_median_of_recent_plain_steps():
     """A pipelined burst's last step reads short (its forward mostly ran during the step
     before); one such step must not become t_ar."""
-    from adaspec.policy.adaptive import ArClock
-
     clock = ArClock()
     for i, t in enumerate([0.9, 0.35, 0.2, 0.2, 0.2, 0.06]):  # cold first, long, steady, short
         clock.observe(StepStats(committed=1, verify_s=t, context=100 + i))
@@ -318,8 +320,6 @@ def test_ar_clock_reads_the_median_of_recent_plain_steps():
 def test_ar_clock_prefers_steps_inside_pipelined_bursts():
     """Once a pipelined step was seen, lone plain steps (a drafter with nothing to propose, a
     synchronous step) no longer move t_ar: a floor decodes at the pipelined rate."""
-    from adaspec.policy.adaptive import ArClock
-
     clock = ArClock()
     for i, t in enumerate([0.9, 0.05, 0.05]):  # cold, then lone synchronous steps
         clock.observe(StepStats(committed=1, verify_s=t, context=10 + i))
@@ -333,7 +333,7 @@ def test_ar_clock_prefers_steps_inside_pipelined_bursts():
 def test_t_ar_is_measured_in_an_honest_pipelined_burst():
     """A (re)measurement plans 4 plain steps and says so: each plan's plain_ahead counts the
     plain steps still certain after it, so the controller may queue their forwards."""
-    pol = one_arm(PolicyConfig(entropy=None))
+    pol = one_arm(PolicyConfig())
     ahead = []
     for i in range(4):
         plan = pol.plan()
@@ -346,7 +346,7 @@ def test_t_ar_is_measured_in_an_honest_pipelined_burst():
 def test_one_time_drafter_setup_is_not_held_against_speculating():
     """A probe whose step spent most of its time catching the drafter up (Draft.setup_s) is
     judged by the rest of the step; the same time as a recurring cost loses the probe."""
-    cfg = PolicyConfig(entropy=None, probe=gates.ProbeConfig(backoff=1, probe_len=2))
+    cfg = PolicyConfig(probe=floor.ProbeConfig(backoff=1, probe_len=2))
 
     def probe_result(setup_s):
         pol = one_arm(cfg)
@@ -385,11 +385,11 @@ def test_a_new_generation_keeps_what_was_measured_and_starts_gates_afresh():
         pol.observe(StepStats(committed=1, verify_s=T_AR))
     for _ in range(12):  # a losing drafter: floored, with its acceptance and costs measured
         pol.observe(StepStats(committed=1, verify_s=3 * T_AR, drafted=4, arm=0, draft_s=T_AR))
-    assert pol.floor.floored and pol.floor.floors >= 1 and pol.length[0].accept
-    learned, t_ar = pol.length[0], pol.clock.t_ar
+    assert pol.floor.floored and pol.floor.floors >= 1 and pol.sizer.length[0].accept
+    learned, t_ar = pol.sizer.length[0], pol.clock.t_ar
     pol.start(["d"])  # the next turn, same arm
-    assert pol.length[0] == learned and pol.clock.t_ar == t_ar
-    assert pol.floor == gates.FloorState() and pol.held == [gates.FloorState()]
-    assert pol.commit == gates.CommitState() and pol.clock.plain_seen == 0
+    assert pol.sizer.length[0] == learned and pol.clock.t_ar == t_ar
+    assert pol.floor == floor.FloorState() and pol.arms.held == [floor.FloorState()]
+    assert pol.gates[0].state == gates.CommitState() and pol.clock.plain_seen == 0
     pol.start(["other"])  # other arms: nothing carries
-    assert pol.length[0] == type(learned)()
+    assert pol.sizer.length[0] == type(learned)()

@@ -134,4 +134,4 @@ def test_a_cache_keeps_its_policy_and_what_it_measured_across_turns():
         ]
         assert out == ar_greedy(model, prompt, len(out))
         prompt = prompt + out + [int(t) for t in b" the cat"]
-    assert pc.policy.names == ["pld"] and pc.policy.length[0].steps > 0
+    assert pc.policy.names == ["pld"] and pc.policy.sizer.length[0].steps > 0

@@ -65,14 +65,15 @@ def test_gated_sampling_keeps_the_target_distribution():
     """Whether the entropy gate floors depends on the sampled path (top-1 prob 0.59 after a
     rejection at the first position, 0.70 after an acceptance), and a floor changes how later
     tokens are drafted; the emitted sequences must still follow the target's distribution."""
-    from adaspec.policy import gates
+    from adaspec.policy import floor, gates
     from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 
     params = sampling.SamplingParams(temp=1.0)
     cfg = PolicyConfig(
-        entropy=gates.EntropyConfig(ar_p1=0.95, tie_p1=0.65, sustain=99),
-        commit=None,
-        probe=gates.ProbeConfig(backoff=1, probe_len=1),
+        gates=(gates.EntropyConfig(ar_p1=0.95, tie_p1=0.65, sustain=99),),
+        probe=floor.ProbeConfig(backoff=1, probe_len=1),
+        clock=None,
+        holds=None,
     )
     counts = np.zeros(V4**L4)
     floors = 0

@@ -1,5 +1,6 @@
 """A bench result as one picture: speedup per category against mlx-lm's AR (and the peer, when
-the run had one), acceptance by draft position, and the share of floored steps per category.
+the run had one), acceptance by draft position, and the share of plain steps per category
+(floors, and the steps that timed plain decoding).
 
 `adaspec bench --plot FILE.png` draws it after a run; `python -m adaspec.bench.plot RESULT.json
 FILE.png` draws it from a saved `--json` result. matplotlib is an optional extra
@@ -96,13 +97,21 @@ def _acceptance(ax, records: list[dict]) -> None:
     ax.legend(loc="upper right")
 
 
-def _floored(ax, cats: list[str], summary: dict) -> None:
-    share = [summary["by_category"][c]["floored_fraction"] for c in cats]
-    ax.bar(range(len(cats)), share, 0.7, color="tab:gray")
-    ax.set_xticks(range(len(cats)), cats, rotation=35, ha="right")
+def _floored(ax, cats: list[str], records: list[dict]) -> None:
+    def med(c: str, key: str) -> float:
+        return statistics.median([r.get(key, 0.0) for r in records if r["category"] == c])
+
+    x = range(len(cats))
+    floors = [med(c, "floored_fraction") for c in cats]
+    ax.bar(x, floors, 0.7, color="tab:gray", label="floored (a gate, or every arm held)")
+    if any("measure_fraction" in r for r in records):
+        timing = [med(c, "measure_fraction") for c in cats]
+        ax.bar(x, timing, 0.7, bottom=floors, color="silver", label="timing plain decoding")
+    ax.set_xticks(list(x), cats, rotation=35, ha="right")
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of steps (median)")
-    ax.set_title("plain steps (floors and the policy's AR measurements)")
+    ax.set_title("plain steps the policy chose")
+    ax.legend(loc="upper right")
 
 
 def plot(result: dict, path: str | Path, title: str | None = None) -> Path:
@@ -119,7 +128,7 @@ def plot(result: dict, path: str | Path, title: str | None = None) -> Path:
     grounded = {r["category"]: r["grounded"] for r in records}
     _speedups(fig.add_subplot(grid[0, :]), cats, summary, grounded, peer)
     _acceptance(fig.add_subplot(grid[1, 0]), records)
-    _floored(fig.add_subplot(grid[1, 1]), cats, summary)
+    _floored(fig.add_subplot(grid[1, 1]), cats, records)
     cfg = result.get("config", {})
     fig.suptitle(title or f"{cfg.get('model', '?')}, --drafter {cfg.get('drafter', '?')}")
     fig.tight_layout()

@@ -56,6 +56,10 @@ def bench_prompt(
         "acceptance_rate": s.get("acceptance_rate", 0.0),
         "acceptance_by_position": s.get("acceptance_by_position", []),
         "floored_fraction": s.get("floored_fraction", 0.0),
+        # plain steps that timed plain decoding for the commit gate (not floors)
+        "measure_fraction": round(s.get("measure_steps", 0) / s["steps"], 4)
+        if s.get("steps")
+        else 0.0,
         "identical": ref == got,
         # the AR output's fingerprint: runs under other settings (e.g. the fp32 expansion of
         # a GGUF model) can be checked for the same tokens

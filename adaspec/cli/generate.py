@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--compare-ar",
         action="store_true",
-        help="also run mlx-lm's plain AR; print speedup, tau and whether texts match",
+        help="also run mlx-lm's plain AR; print speedup, tau, whether texts match, and a line "
+        "per drafter (arm)",
     )
     p.add_argument(
         "--verbose",
@@ -68,7 +69,10 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if args.verbose:
-        print(f"[adaspec] stats {s}", file=sys.stderr)
+        from ..policy.stats import describe
+
+        for line in describe(s).splitlines():
+            print(f"[adaspec] {line}", file=sys.stderr)
     if args.compare_ar:
         _compare(model, tokenizer, ids, args, spec, "".join(texts))
     return 0
@@ -111,3 +115,7 @@ def _compare(model, tokenizer, ids, args, spec, spec_text: str) -> None:
         ),
         file=sys.stderr,
     )
+    from ..policy.stats import arm_lines
+
+    for line in arm_lines(spec.stats):
+        print(f"[compare-ar] {line}", file=sys.stderr)

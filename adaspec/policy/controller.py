@@ -5,6 +5,7 @@ Holds no maths of its own; every token it emits was produced by the target's ver
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,8 +17,10 @@ from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter, Learne
 from ..targets.base import Forward, Target
 from . import sampling
 from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
-from .plan import AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
-from .stats import GenerationStats, StepStats
+from .plan import FLOOR, MEASURE, AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
+from .stats import GenerationStats, StepStats, arm_labels
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AlwaysSpeculate", "DecodeConfig", "Decoder", "NeverSpeculate", "TokenEvent", "decode"]
 
@@ -96,9 +99,7 @@ class Decoder:
         )
         self.stats.chains_only = self.chains_only
         names = [a.name for a in self.arms]
-        self.stats.arm_names = [
-            n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)
-        ]
+        self.stats.arm_names = arm_labels(names)
         self.policy.start(names)
 
     def _ctx(
@@ -305,7 +306,8 @@ class Decoder:
             rollback_s=t3 - t2,
             context=len(self.committed),
             p1=p1,
-            floored=plan.plain,
+            floored=plan.plain and plan.plain_reason == FLOOR,
+            measuring=plan.plain and plan.plain_reason == MEASURE,
             setup_s=draft.setup_s,
             overlapped=overlapped,
         )
@@ -353,3 +355,5 @@ def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
             if isinstance(arm, Learner):
                 arm.finish()
         decoder.stats.policy = decoder.policy.summary()
+        for w in decoder.stats.warnings:
+            log.warning(w)

@@ -1,9 +1,47 @@
-"""Gates as pure state machines: state + observation in, (state, floor?) out. No clocks here:
-the controller measures times and passes the numbers in (DESIGN §5, lucebox defaults)."""
+"""Gates: each decides, from the speculative steps it has seen, whether speculating still pays,
+and floors (the policy decodes plainly, then probes again) when it does not. A gate is an object
+with one interface (`Gate`); its maths are pure state machines, state + observation in, (state,
+floor?) out. No clocks here: the controller measures times and passes the numbers in (DESIGN §5,
+lucebox defaults). `ADASPEC_GATE` names the active gates from `REGISTRY`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from .. import settings as settings_mod
+from ..errors import SettingsError
+from .stats import StepStats
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What a gate sees of one speculative step."""
+
+    step: StepStats
+    t_ar: float  # seconds of a plain step at this context (nan: not measured yet)
+    probe_start: bool  # the step is the first of a probe after a floor
+
+
+class Gate(Protocol):
+    """Sees every speculative step (`observe`; True = floor now) and starts afresh on `reset`
+    (a new generation, and after any gate floors). needs_p1: whether it reads `step.p1` (the
+    target's top-1 probability, one reduction per step)."""
+
+    needs_p1: bool
+
+    def observe(self, seen: GateInput) -> bool: ...
+
+    def reset(self) -> None: ...
+
+
+class GateConfig(Protocol):
+    """A gate's settings; `make` builds the gate (fresh state)."""
+
+    def make(self) -> Gate: ...
 
 
 @dataclass(frozen=True)
@@ -12,6 +50,9 @@ class EntropyConfig:
     tie_p1: float = 0.45  # a single step with top-1 prob below this floors at once
     sustain: int = 2
     weight: float = 0.5  # EMA weight of the newest observation
+
+    def make(self) -> EntropyGate:
+        return EntropyGate(self)
 
 
 @dataclass(frozen=True)
@@ -40,6 +81,9 @@ class CommitConfig:
     # a second, fast EMA floors at once when it drops below half the margin (a drafter far
     # slower than plain decoding is not given the slow EMA's ~20 steps)
     fast_weight: float = 0.5
+
+    def make(self) -> CommitGate:
+        return CommitGate(self)
 
 
 @dataclass(frozen=True)
@@ -70,135 +114,85 @@ def commit_step(
     return s, warm and (streak >= cfg.sustain or min(ema, fast) < 0.5 * cfg.margin)
 
 
-@dataclass(frozen=True)
-class ProbeConfig:
-    backoff: int = 8  # plain steps after a first floor before speculation is probed again
-    growth: float = 2.0  # backoff multiplier after each losing probe
-    max_backoff: int = 256
-    probe_len: int = 6  # speculative steps a probe must survive to count as a win
-
-
-@dataclass(frozen=True)
-class FloorState:
-    """floored: decoding plainly, `ar_left` steps until the next probe. probing: speculating
-    on trial after a floor, `probe_steps` survived so far."""
-
-    floored: bool = False
-    ar_left: int = 0
-    backoff: int = 0  # 0 = the config's initial backoff
-    probing: bool = False
-    probe_steps: int = 0
-    probe_ratio: float = 0.0  # sum of the probe's commit ratios so far (held arms' probes)
-    floors: int = 0
-    probes_won: int = 0
-    probes_lost: int = 0
-    # lifts (probes started early by a strong candidate) back off on their own schedule:
-    # `lift_wait` plain steps before the next lift, growing with each lost lift
-    lifted: bool = False
-    lift_wait: int = 0
-    lift_backoff: int = 0
-
-
-def on_floor(cfg: ProbeConfig, s: FloorState) -> FloorState:
-    """A gate fired. A failed probe grows the backoff; a first floor starts at the initial one."""
-    if s.probing and s.lifted:  # a lost lift: lifts wait longer; the plain backoff is kept
-        lift = min(int(max(s.lift_backoff, cfg.backoff) * cfg.growth), cfg.max_backoff)
-        return replace(
-            s,
-            floored=True,
-            ar_left=max(s.backoff, cfg.backoff),
-            probing=False,
-            probe_steps=0,
-            probe_ratio=0.0,
-            floors=s.floors + 1,
-            probes_lost=s.probes_lost + 1,
-            lifted=False,
-            lift_wait=lift,
-            lift_backoff=lift,
-        )
-    if s.probing:
-        backoff = min(int(max(s.backoff, cfg.backoff) * cfg.growth), cfg.max_backoff)
-        return replace(
-            s,
-            floored=True,
-            ar_left=backoff,
-            backoff=backoff,
-            probing=False,
-            probe_steps=0,
-            probe_ratio=0.0,
-            floors=s.floors + 1,
-            probes_lost=s.probes_lost + 1,
-        )
-    return replace(
-        s,
-        floored=True,
-        ar_left=cfg.backoff,
-        backoff=cfg.backoff,
-        probing=False,
-        probe_steps=0,
-        probe_ratio=0.0,
-        floors=s.floors + 1,
-    )
-
-
 def probe_lost(cfg: CommitConfig, committed: int, step_s: float, t_ar: float) -> bool:
     """A probe is a test, not a fresh start: its first speculative step must break even
     (commit ratio >= margin) or the probe is lost at once, without a new warm-up."""
     return commit_ratio(committed, step_s, t_ar, cfg.min_t_ar) < cfg.margin
 
 
-def can_lift(s: FloorState) -> bool:
-    return s.floored and s.lift_wait == 0
+class EntropyGate:
+    """Floors on the target's uncertainty (`entropy_step`), whatever speculating costs."""
+
+    needs_p1 = True
+
+    def __init__(self, cfg: EntropyConfig) -> None:
+        self.cfg, self.state = cfg, EntropyState()
+
+    def observe(self, seen: GateInput) -> bool:
+        if seen.step.p1 is None:
+            return False
+        self.state, floor = entropy_step(self.cfg, self.state, seen.step.p1)
+        return floor
+
+    def reset(self) -> None:
+        self.state = EntropyState()
 
 
-def on_lift(s: FloorState) -> FloorState:
-    """A strong candidate cuts the floor short: probe now (judged like any probe), unless
-    recent lifts lost and their own backoff has not run out."""
-    if not can_lift(s):
-        return s
-    return _start_probe(s, lifted=True)
+class CommitGate:
+    """Floors when speculating commits fewer tokens per second than plain steps (times the
+    margin): `commit_step`, and a probe whose first step does not break even (`probe_lost`).
+    Silent until a plain step was timed."""
+
+    needs_p1 = False
+
+    def __init__(self, cfg: CommitConfig) -> None:
+        self.cfg, self.state = cfg, CommitState()
+
+    def observe(self, seen: GateInput) -> bool:
+        s, t_ar = seen.step, seen.t_ar
+        if math.isnan(t_ar):
+            return False
+        lost = seen.probe_start and probe_lost(self.cfg, s.committed, s.judged_s, t_ar)
+        self.state, floor = commit_step(self.cfg, self.state, s.committed, s.judged_s, t_ar)
+        return lost or floor
+
+    def reset(self) -> None:
+        self.state = CommitState()
 
 
-def on_plain_step(s: FloorState) -> FloorState:
-    """One floored plain step done; when the backoff runs out, the next steps are a probe."""
-    if not s.floored:
-        return s
-    wait = max(s.lift_wait - 1, 0)
-    if s.ar_left > 1:
-        return replace(s, ar_left=s.ar_left - 1, lift_wait=wait)
-    return _start_probe(s, lift_wait=wait)
+# name -> the gate's settings, read from Settings; ADASPEC_GATE lists names from here
+REGISTRY: dict[str, Callable[[settings_mod.Settings], GateConfig]] = {}
 
 
-def _start_probe(s: FloorState, **changes) -> FloorState:
-    return replace(
-        s, floored=False, ar_left=0, probing=True, probe_steps=0, probe_ratio=0.0, **changes
-    )
-
-
-def held_probe_lost(cfg: CommitConfig, probe: ProbeConfig, s: FloorState, ratio: float) -> bool:
-    """A held arm's probe is judged on its own steps (this one's commit ratio is `ratio`), not
-    on the estimate that held the arm back, which the plain steps since did not refresh: lost
-    when the mean ratio of its steps falls below half the margin, or below the margin at its
-    last step."""
-    mean = (s.probe_ratio + ratio) / (s.probe_steps + 1)
-    last = s.probe_steps + 1 >= probe.probe_len
-    return mean < cfg.margin * (1.0 if last else 0.5)
-
-
-def on_spec_step(cfg: ProbeConfig, s: FloorState, ratio: float = 0.0) -> FloorState:
-    """A speculative step passed the gates; a probe that survives `probe_len` steps wins and
-    resets the backoff. ratio: the step's commit ratio, summed over a probe."""
-    if not s.probing:
-        return s
-    if s.probe_steps + 1 >= cfg.probe_len:
-        return replace(
-            s,
-            probing=False,
-            probe_steps=0,
-            probe_ratio=0.0,
-            backoff=cfg.backoff,
-            probes_won=s.probes_won + 1,
-            lifted=False,
-            lift_backoff=0 if s.lifted else s.lift_backoff,
+def register_gate(name: str, config: Callable[[settings_mod.Settings], GateConfig]) -> None:
+    """Make `name` a gate ADASPEC_GATE (and `from_env(gate=...)`) may list: `config(settings)`
+    returns its settings, whose `make()` builds the gate. Register before the settings that
+    name it are read."""
+    if not re.fullmatch(r"[a-z][a-z0-9_-]*", name) or name in ("off", "both"):
+        raise SettingsError(
+            f"gate name {name!r} is invalid; accepted: lower-case letters, digits, '-' and '_', "
+            "starting with a letter, other than off and both"
         )
-    return replace(s, probe_steps=s.probe_steps + 1, probe_ratio=s.probe_ratio + ratio)
+    REGISTRY[name] = config
+    settings_mod.GATE_NAMES[name] = None
+
+
+def configs(s: settings_mod.Settings) -> tuple[GateConfig, ...]:
+    """The settings of the gates `s.gate` lists, in its order."""
+    return tuple(REGISTRY[name](s) for name in s.gate_names)
+
+
+register_gate(
+    "commit",
+    lambda s: CommitConfig(
+        s.gate_margin,
+        s.gate_commit_sustain,
+        s.gate_warmup,
+        s.gate_commit_ema_weight,
+        s.gate_min_t_ar_ms / 1000,
+    ),
+)
+register_gate(
+    "entropy",
+    lambda s: EntropyConfig(s.gate_ar_p1, s.gate_tie_p1, s.gate_entropy_sustain, s.gate_ema_weight),
+)

@@ -9,6 +9,9 @@ from typing import Protocol
 from .stats import StepStats
 
 UNLIMITED = 1 << 30
+# why a plan is plain (Plan.plain_reason): the policy floored (a gate fired, or every arm is
+# held back); it times plain steps (the plain-step clock); there is nothing to draft with
+FLOOR, MEASURE, NO_ARMS = "floor", "measure", "no arms"
 
 
 @dataclass(frozen=True)
@@ -23,12 +26,14 @@ class Plan:
       (arms whose drafts the policy measured as free; their drafts are otherwise not verified).
     tree_nodes: most nodes a draft tree may hold this step (within DecodeConfig.tree_nodes;
       0: chains only).
+    plain_reason: why a plain plan is plain (FLOOR, MEASURE or NO_ARMS), for the stats.
     """
 
     arms: tuple[tuple[int, int], ...] = ()
     plain_ahead: int = 0
     peek: tuple[int, ...] = ()
     tree_nodes: int = UNLIMITED
+    plain_reason: str = FLOOR
 
     @property
     def plain(self) -> bool:
@@ -89,4 +94,4 @@ class AlwaysSpeculate:
 
 class NeverSpeculate(AlwaysSpeculate):
     def plan(self) -> Plan:
-        return Plan((), UNLIMITED)
+        return Plan((), UNLIMITED, plain_reason=NO_ARMS)
