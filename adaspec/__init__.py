@@ -31,7 +31,7 @@ _LAZY = {
     "compare_to_ar": ("adaspec.compare", "compare_to_ar"),
     "load": ("adaspec.targets.loader", "load"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
-    "make_drafter": ("adaspec.drafters.registry", "make"),
+    "make_drafter": ("adaspec.drafters.plan", "make"),
     "Draft": ("adaspec.drafters.base", "Draft"),
     "DraftModel": ("adaspec.drafters.base", "DraftModel"),
 }

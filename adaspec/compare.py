@@ -63,35 +63,21 @@ def compare_to_ar(
     from .bench.timing import median, timed
 
     prompt = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
+    sampling = dict(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
     ar_runs, spec_runs = [], []
     for _ in range(max(1, repeats)):
         if seed is not None:
             mx.random.seed(seed)
         sampler = make_sampler(temp, top_p, min_p, top_k=top_k)
-        ar_runs.append(
-            timed(
-                mlx_lm.stream_generate(
-                    model, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler
-                )
-            )
+        ar = mlx_lm.stream_generate(
+            model, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler
         )
-        spec_runs.append(
-            timed(
-                stream_generate(
-                    model,
-                    tokenizer,
-                    prompt,
-                    drafter=drafter,
-                    max_tokens=max_tokens,
-                    temp=temp,
-                    top_p=top_p,
-                    top_k=top_k,
-                    min_p=min_p,
-                    seed=seed,
-                    **kwargs,
-                )
-            )
-        )
+        ar_runs.append(timed(ar))
+        ours = stream_generate(
+            model, tokenizer, prompt, drafter=drafter, max_tokens=max_tokens, seed=seed,
+            **sampling, **kwargs,
+        )  # fmt: skip
+        spec_runs.append(timed(ours))
     ar, spec = ar_runs[-1], spec_runs[-1]
     return Comparison(
         identical=ar.tokens == spec.tokens,

@@ -164,7 +164,7 @@ def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, A
     """The `suffix` drafter's index for this model (as `auto` builds it): tokens, memory,
     time to build or load it, and the median time of a draft over its own sequences."""
     from .drafters.base import DraftContext
-    from .drafters.registry import make
+    from .drafters.plan import make
     from .targets.base import target_info
 
     t = time.perf_counter()

@@ -101,7 +101,7 @@ def adaspec_runners(model_name: str, modes: list[str]) -> tuple[dict, object]:
 
     from adaspec import load, stream_generate
     from adaspec.bench.timing import timed
-    from adaspec.drafters.registry import default_spec
+    from adaspec.drafters.plan import default_spec
     from adaspec.targets.base import target_info
 
     model, tok = load(model_name)

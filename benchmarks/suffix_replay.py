@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from adaspec.drafters.base import DraftContext  # noqa: E402
-from adaspec.drafters.registry import arms as parse_arms  # noqa: E402
+from adaspec.drafters.plan import plan as drafter_plan  # noqa: E402
 from adaspec.drafters.spec import validate  # noqa: E402
 from adaspec.drafters.suffix import SuffixDrafter  # noqa: E402
 from adaspec.drafters.suffix_index import SuffixIndex  # noqa: E402
@@ -70,7 +70,7 @@ def build_arms(spec: str, lib: Library):
     from adaspec.drafters.pld import ENTRY as PLD
 
     out = []
-    for arm in parse_arms(spec, None, Settings()):
+    for arm in (a.spec for a in drafter_plan(spec, None, Settings()).arms):
         if arm.name == "pld":
             out.append(PLD.build(arm, None, Settings()))
         elif arm.name == "suffix":

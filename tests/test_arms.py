@@ -17,8 +17,8 @@ from adaspec import settings as settings_mod
 from adaspec.drafters import dflash, shipped
 from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
+from adaspec.drafters.plan import default_spec, make, make_arms
 from adaspec.drafters.pld import PromptLookup
-from adaspec.drafters.registry import default_spec, make, make_arms
 from adaspec.drafters.suffix import SuffixDrafter
 from adaspec.errors import DrafterError
 from adaspec.policy import floor

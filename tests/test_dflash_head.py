@@ -21,7 +21,7 @@ from adaspec import settings as settings_mod
 from adaspec.drafters import dflash, shipped
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_checkpoint import read_checkpoint, save_model, write_head_tokens
-from adaspec.drafters.registry import make
+from adaspec.drafters.plan import make
 from adaspec.drafters.restricted_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.errors import DrafterError
 from adaspec.policy import sampling

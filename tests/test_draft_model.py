@@ -12,9 +12,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from strategies import prompts
 from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
-from adaspec.drafters import registry
 from adaspec.drafters.base import DraftContext, DraftModel
 from adaspec.drafters.draft_model import ENTRY, DraftLM
+from adaspec.drafters.plan import make as make_drafter
+from adaspec.drafters.plan import make_arms
 from adaspec.drafters.spec import parse_arm
 from adaspec.errors import DrafterError, DrafterMismatchError
 from adaspec.policy import sampling
@@ -260,12 +261,12 @@ def test_registry_loads_a_model_folder(tmp_path):
     folder = save_tiny(DRAFTS["qwen3", 300], TOK, tmp_path / "draft")
     s = from_env({}, cache=str(tmp_path / "cache"))
     info = target_info(TARGETS["qwen3"], TOK)
-    d = registry.make(f"draft-model:{folder},min_p1=0.2,q=0", info, s)
+    d = make_drafter(f"draft-model:{folder},min_p1=0.2,q=0", info, s)
     assert isinstance(d, DraftLM) and d.min_p1 == 0.2 and d.n_ids == VOCAB and not d.send_q
     d.prefill([1, 2], ctx([1, 2]))
     assert d.draft(ctx([1, 2], 3, sampling.SamplingParams(temp=1.0))).probs is None
     with pytest.raises(DrafterError, match="draft-model needs a model"):
-        registry.make("draft-model", target_info(TARGETS["qwen3"], TOK), s)
+        make_drafter("draft-model", target_info(TARGETS["qwen3"], TOK), s)
 
 
 # ---- sampling: rejection sampling with q keeps the target's distribution ----------------------
@@ -334,9 +335,9 @@ def test_auto_puts_pld_in_front_of_a_draft_model_and_stays_lossless(tmp_path):
     target = TARGETS["qwen3"]
     info = target_info(target, TOK)
     spec = f"auto:draft-model:{folder},min_p1=0.2,min_match=2"
-    pld, sfx, lm = registry.make_arms(spec, info, s)
+    pld, sfx, lm = make_arms(spec, info, s)
     assert isinstance(pld, PromptLookup) and isinstance(lm, DraftLM) and sfx.name == "suffix"
-    pld, lm = registry.make_arms(spec + ",suffix=false", info, s)
+    pld, lm = make_arms(spec + ",suffix=false", info, s)
     assert isinstance(pld, PromptLookup) and isinstance(lm, DraftLM)
     assert pld.min_ngram == 2 and lm.min_p1 == 0.2
     prompt = [5, 6, 7, 8, 9, 10, 11] * 3 + [40, 41]
@@ -346,4 +347,4 @@ def test_auto_puts_pld_in_front_of_a_draft_model_and_stays_lossless(tmp_path):
     assert out == ar_greedy(target, prompt, 30)
     assert dec.stats.by_arm["draft-model"]["steps"] > 0 and pld.tokens == prompt + out
     with pytest.raises(DrafterError, match="PLD and suffix lookup already come first"):
-        registry.make("auto:pld", info, s)
+        make_drafter("auto:pld", info, s)

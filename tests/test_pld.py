@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from adaspec.drafters.base import DraftContext
+from adaspec.drafters.plan import make
 from adaspec.drafters.pld import PromptLookup
-from adaspec.drafters.registry import make
 from adaspec.errors import DrafterError
 from adaspec.settings import Settings
 

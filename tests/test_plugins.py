@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.drafters import plugins, registry
+from adaspec.drafters.plan import make_arms
 from adaspec.errors import DrafterError, PluginError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def test_entry_point_route(tiny_folder, tmp_path):
 
 def test_unknown_drafter_says_how_to_register(tiny_folder):
     with pytest.raises(DrafterError, match="unknown drafter 'nope'.*register_drafter.*--plugin"):
-        registry.make_arms("nope", None, None)
+        make_arms("nope", None, None)
     code, _, err = cli(tiny_folder, "--drafter", "nope")
     assert code == 2 and "--plugin MODULE" in err and err.count("\n") == 1
 

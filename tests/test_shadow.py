@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
-from adaspec.drafters import registry
 from adaspec.drafters.draft_model import DraftLM
+from adaspec.drafters.plan import make as make_drafter
 from adaspec.errors import DrafterError
 from adaspec.kernels import blas, shadow
 from adaspec.policy.controller import DecodeConfig, Decoder, decode
@@ -168,7 +168,7 @@ def test_a_bf16_draft_model_stays_lossless(tmp_path, head):
     folder = save_tiny(tiny_model("qwen3", vocab=300, seed=7, layers=1), TOK, tmp_path / "draft")
     s = from_env({}, cache=str(tmp_path / "cache"))
     spec = f"draft-model:{folder},weights=bf16" + (f",head={head}" if head else "")
-    d = registry.make(spec, target_info(target, TOK), s)
+    d = make_drafter(spec, target_info(target, TOK), s)
     assert isinstance(d, DraftLM) and (d.head_shadows is not None) == bool(head)
     if head:  # the gathered head rows are read as bf16 too
         project = d._head[1]
@@ -192,7 +192,7 @@ def test_an_unknown_weights_value_is_refused_naming_it(tmp_path):
     info = target_info(tiny_model("qwen3"), TOK)
     bad = r"draft-model weights='int4' is invalid; accepted: auto, fp32, bf16"
     with pytest.raises(DrafterError, match=bad):
-        registry.make(f"draft-model:{folder},weights=int4", info, s)
+        make_drafter(f"draft-model:{folder},weights=int4", info, s)
 
 
 # ---- a DFlash drafter drafting from them -------------------------------------------------------

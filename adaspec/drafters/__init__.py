@@ -2,8 +2,8 @@
 
 from ..targets.base import TargetInfo
 from .base import Draft, DraftContext, DraftModel
-from .plan import DrafterPlan, plan
-from .registry import make, make_arms, names, register
+from .plan import DrafterPlan, make, make_arms, plan
+from .registry import names, register
 
 __all__ = [
     "Draft",

@@ -77,6 +77,29 @@ def plan(spec: str | DrafterPlan, info: TargetInfo, settings: Settings) -> Draft
     return DrafterPlan(tuple(_planned(a) for a in arms), spec.strip())
 
 
+def make_arms(spec: str | DrafterPlan, info: TargetInfo, settings: Settings) -> list[DraftModel]:
+    """One drafter per arm of `spec` ('none' gives [], i.e. plain AR)."""
+    return plan(spec, info, settings).build(info, settings)
+
+
+def make(spec: str | DrafterPlan, info: TargetInfo, settings: Settings) -> DraftModel | None:
+    """The one drafter `spec` names ('none' gives None, i.e. plain AR); a spec naming several
+    arms (`a+b`, or `auto` where it combines two) goes through `make_arms`."""
+    built = make_arms(spec, info, settings)
+    if len(built) > 1:
+        raise DrafterError(
+            f"drafter spec {str(spec)!r} names {len(built)} drafters; accepted here: one (use "
+            "make_arms, or pass the spec to generate/stream_generate, for several)"
+        )
+    return built[0] if built else None
+
+
+def default_spec(info: TargetInfo) -> str:
+    """The drafter the CLI uses when none is named: `auto` (prompt lookup, suffix lookup and,
+    where one ships marked as paying, the target's DFlash drafter; expanded by `plan`)."""
+    return DEFAULT
+
+
 def check(spec: str) -> None:
     """Refuse `spec` if it cannot become a plan on any target: its syntax, its drafter names,
     the arguments of every arm but `auto`'s model arm (which depends on the target)."""

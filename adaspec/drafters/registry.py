@@ -101,30 +101,3 @@ def entry(name: str) -> Entry:
         entry = registered if isinstance(registered, Entry) else obj
         entry = entry if isinstance(entry, Entry) else Entry(entry)
     return entry
-
-
-def make_arms(spec: str, info: TargetInfo, settings: Settings) -> list[DraftModel]:
-    """One drafter per arm of `spec` ('none' gives [], i.e. plain AR); see plan.plan."""
-    from .plan import plan
-
-    return plan(spec, info, settings).build(info, settings)
-
-
-def make(spec: str, info: TargetInfo, settings: Settings) -> DraftModel | None:
-    """The one drafter `spec` names ('none' gives None, i.e. plain AR); a spec naming several
-    arms (`a+b`, or `auto` where it combines two) goes through `make_arms`."""
-    built = make_arms(spec, info, settings)
-    if len(built) > 1:
-        raise DrafterError(
-            f"drafter spec {spec!r} names {len(built)} drafters; accepted here: one (use "
-            "make_arms, or pass the spec to generate/stream_generate, for several)"
-        )
-    return built[0] if built else None
-
-
-def default_spec(info: TargetInfo) -> str:
-    """The drafter the CLI uses when none is named: `auto` (prompt lookup, suffix lookup and,
-    where one ships marked as paying, the target's DFlash drafter; plan.py expands it)."""
-    from .plan import DEFAULT
-
-    return DEFAULT

@@ -102,9 +102,9 @@ class _Bench:
         """A fresh drafter from `make()`: a DraftModel, or a registered spec naming one."""
         made = self._make()
         if isinstance(made, str):
-            from ..drafters import registry
+            from ..drafters.plan import make_arms
 
-            arms = registry.make_arms(made, self.info, self.settings)
+            arms = make_arms(made, self.info, self.settings)
             if len(arms) != 1:
                 raise DrafterError(
                     f"check_drafter: spec {made!r} names {len(arms)} drafters; accepted: a spec "
