@@ -1,0 +1,189 @@
+"""The ranks a sharded target spans, the collectives that cross them, and the watchdog that
+ends a rank whose peers stop answering (an mlx collective waits forever on a hung peer)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DistributedError
+
+log = logging.getLogger(__name__)
+
+EXIT_LOST = 3  # exit code of a rank that lost its peers (watchdog or a closed connection)
+
+
+def backend_name() -> str:
+    """Which launcher started this process, from the environment it sets."""
+    if os.environ.get("MLX_HOSTFILE") or os.environ.get("MLX_RANK"):
+        return "ring"
+    if os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE"):
+        return "mpi"
+    return "none"
+
+
+class Watchdog:
+    """Ends this process when an armed wait outlives `timeout` seconds. Armed by each
+    collective the rank issues and refreshed by the next; disarmed once a synchronous
+    collective proves every earlier one finished. Ends with os._exit: a thread blocked inside
+    an mlx collective cannot be interrupted any other way."""
+
+    def __init__(self, timeout: float, rank: int):
+        self.timeout = timeout
+        self.rank = rank
+        self._since: float | None = None
+        self._what = ""
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name="adaspec-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, what: str) -> None:
+        with self._lock:
+            self._since, self._what = time.monotonic(), what
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._since = None
+
+    @contextmanager
+    def waiting(self, what: str) -> Iterator[None]:
+        """Armed for the block; disarmed after it (the block ends in a synchronous wait)."""
+        self.arm(what)
+        try:
+            yield
+        finally:
+            self.disarm()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout / 4))
+            with self._lock:
+                since, what = self._since, self._what
+            if since is not None and time.monotonic() - since > self.timeout:
+                sys.stderr.write(
+                    f"adaspec: rank {self.rank}: no answer from the other ranks for "
+                    f"{self.timeout:g} s while {what}; a peer hangs or the network is down; "
+                    f"ending this rank (ADASPEC_DIST_TIMEOUT={self.timeout:g})\n"
+                )
+                sys.stderr.flush()
+                os._exit(EXIT_LOST)
+
+
+@dataclass
+class World:
+    """This process's place among the ranks: `group` is the mx.distributed group (None alone)."""
+
+    group: Any
+    rank: int
+    size: int
+    backend: str
+    watchdog: Watchdog | None = None
+    collectives: int = 0  # collectives issued by adaspec's own commands
+    payload_bytes: int = 0  # bytes those collectives carried from this rank
+    _sockets: list[int] = field(default_factory=list)
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def lost(self, what: str, exc: BaseException) -> DistributedError:
+        return DistributedError(
+            f"rank {self.rank} of {self.size} lost its peers while {what}: {exc}; another rank "
+            "died or closed its connection (its own error, if any, is printed above)"
+        )
+
+    @contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """A synchronous wait on collectives: watched, and a lost peer raises DistributedError."""
+        ctx = self.watchdog.waiting(what) if self.watchdog else _nothing()
+        try:
+            with ctx:
+                yield
+        except RuntimeError as exc:
+            if "ring" in str(exc) or "peer" in str(exc) or "MPI" in str(exc):
+                raise self.lost(what, exc) from exc
+            raise
+
+    def wire_bytes(self) -> tuple[int, int]:
+        """(bytes sent, bytes received) so far on this process's TCP sockets, as the kernel
+        counts them (TCP_INFO): what really crossed the network, headers of TCP aside."""
+        sent = recv = 0
+        for fd in _tcp_fds():
+            try:
+                s = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            try:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+            except OSError:
+                continue
+            finally:
+                s.close()
+            if len(info) >= 136:
+                acked, received = struct.unpack_from("QQ", info, 120)
+                sent, recv = sent + acked, recv + received
+        return sent, recv
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _tcp_fds() -> list[int]:
+    """This process's socket descriptors that are TCP (the ring backend's connections)."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+        except OSError:
+            continue
+        fd = int(name)
+        try:
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6):
+                out.append(fd)
+        finally:
+            s.close()
+    return out
+
+
+_WORLD: World | None = None
+
+
+def world(timeout: float | None = None) -> World:
+    """The world this process runs in: one rank unless started by mlx.launch or mpirun. The
+    first call joins the group (every rank must call it) and starts the watchdog."""
+    global _WORLD
+    if _WORLD is not None:
+        return _WORLD
+    backend = backend_name()
+    if backend == "none":
+        _WORLD = World(None, 0, 1, backend)
+        return _WORLD
+    import mlx.core as mx
+
+    group = mx.distributed.init(strict=True, backend=backend)
+    if timeout is None:
+        from ..settings import get
+
+        timeout = get().dist_timeout
+    w = World(group, group.rank(), group.size(), backend)
+    if w.size > 1:
+        w.watchdog = Watchdog(timeout, w.rank)
+    _WORLD = w
+    log.info("rank %d of %d (%s backend)", w.rank, w.size, backend)
+    return w
