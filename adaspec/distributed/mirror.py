@@ -272,6 +272,7 @@ def follow(model: Any, tokenizer: Any, world: World) -> int:
         op, tid, n, a, taps, ids = ch.receive()
         with world.guard(OP_NAMES.get(op, f"command {op}")):
             if op == STOP:
+                world.done()
                 return 0
             if op == NEW:
                 for dead in ids.tolist():
@@ -297,6 +298,7 @@ def stop(world: World) -> None:
     """Rank 0 is done: the other ranks leave their loops."""
     if world.size > 1 and world.leader:
         _channel(world).send(STOP, 0)
+        world.done()
 
 
 def leader_target(model: Any, tokenizer: Any, prefill_step: int) -> LeaderTarget:

@@ -10,7 +10,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +19,7 @@ from ..errors import DistributedError
 
 log = logging.getLogger(__name__)
 
+ESTABLISHED, CLOSE_WAIT = b"\x01", b"\x08"  # tcp_info.tcpi_state
 EXIT_LOST = 3  # exit code of a rank that lost its peers (watchdog or a closed connection)
 
 
@@ -37,9 +38,11 @@ class Watchdog:
     collective proves every earlier one finished. Ends with os._exit: a thread blocked inside
     an mlx collective cannot be interrupted any other way."""
 
-    def __init__(self, timeout: float, rank: int):
+    def __init__(self, timeout: float, rank: int, gone: Callable[[], bool] = lambda: False):
         self.timeout = timeout
         self.rank = rank
+        self.gone = gone  # whether a peer's connection is closed (it died): no need to wait
+        self.closed = False  # set once this rank is done with its peers
         self._since: float | None = None
         self._what = ""
         self._lock = threading.Lock()
@@ -64,18 +67,24 @@ class Watchdog:
             self.disarm()
 
     def _watch(self) -> None:
-        while True:
-            time.sleep(min(1.0, self.timeout / 4))
+        while not self.closed:
+            time.sleep(min(0.5, self.timeout / 4))
             with self._lock:
                 since, what = self._since, self._what
+            if self.closed:
+                return
+            if self.gone():
+                self._end(f"a peer closed its connection (it died or was killed) ({what})")
             if since is not None and time.monotonic() - since > self.timeout:
-                sys.stderr.write(
-                    f"adaspec: rank {self.rank}: no answer from the other ranks for "
-                    f"{self.timeout:g} s while {what}; a peer hangs or the network is down; "
-                    f"ending this rank (ADASPEC_DIST_TIMEOUT={self.timeout:g})\n"
+                self._end(
+                    f"no answer from the other ranks for {self.timeout:g} s while {what}; a "
+                    f"peer hangs or the network is down (ADASPEC_DIST_TIMEOUT={self.timeout:g})"
                 )
-                sys.stderr.flush()
-                os._exit(EXIT_LOST)
+
+    def _end(self, why: str) -> None:
+        sys.stderr.write(f"adaspec: rank {self.rank}: {why}; ending this rank\n")
+        sys.stderr.flush()
+        os._exit(EXIT_LOST)
 
 
 @dataclass
@@ -94,6 +103,11 @@ class World:
     @property
     def leader(self) -> bool:
         return self.rank == 0
+
+    def done(self) -> None:
+        """This rank is finished with its peers: their connections may close now."""
+        if self.watchdog:
+            self.watchdog.closed = True
 
     def lost(self, what: str, exc: BaseException) -> DistributedError:
         return DistributedError(
@@ -114,24 +128,31 @@ class World:
             raise
 
     def wire_bytes(self) -> tuple[int, int]:
-        """(bytes sent, bytes received) so far on this process's TCP sockets, as the kernel
-        counts them (TCP_INFO): what really crossed the network, headers of TCP aside."""
+        """(bytes sent, bytes received) so far on the connections to the other ranks, as the
+        kernel counts them (TCP_INFO): what crossed the network, TCP's own headers aside."""
         sent = recv = 0
-        for fd in _tcp_fds():
-            try:
-                s = socket.socket(fileno=os.dup(fd))
-            except OSError:
-                continue
-            try:
-                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
-            except OSError:
-                continue
-            finally:
-                s.close()
+        for info in map(_tcp_info, self._sockets):
             if len(info) >= 136:
                 acked, received = struct.unpack_from("QQ", info, 120)
                 sent, recv = sent + acked, recv + received
         return sent, recv
+
+    def peer_gone(self) -> bool:
+        """Whether another rank closed its end of a connection (TCP CLOSE_WAIT)."""
+        return any(info[:1] == CLOSE_WAIT for info in map(_tcp_info, self._sockets))
+
+
+def _tcp_info(fd: int) -> bytes:
+    try:
+        s = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return b""
+    try:
+        return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 160)
+    except OSError:
+        return b""
+    finally:
+        s.close()
 
 
 @contextmanager
@@ -182,8 +203,10 @@ def world(timeout: float | None = None) -> World:
 
         timeout = get().dist_timeout
     w = World(group, group.rank(), group.size(), backend)
+    # the connections init opened to the other ranks
+    w._sockets = [fd for fd in _tcp_fds() if _tcp_info(fd)[:1] == ESTABLISHED]
     if w.size > 1:
-        w.watchdog = Watchdog(timeout, w.rank)
+        w.watchdog = Watchdog(timeout, w.rank, w.peer_gone)
     _WORLD = w
     log.info("rank %d of %d (%s backend)", w.rank, w.size, backend)
     return w

@@ -1,0 +1,168 @@
+"""A target sharded over two local processes (ring backend on 127.0.0.1): every drafter's greedy
+output equals mlx-lm's AR on the same sharding (and, for pipeline sharding, which changes no
+sum, one process's); a rank that dies or hangs ends the other with a clear error, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "distributed_worker.py"
+TINY_PROMPTS = [[72, 101, 108, 108, 111, 32] * 3, list(b"abcabcabcabd"), list(b"the cat, the")]
+SMOL_PROMPTS = [
+    "Repeat exactly: the quick brown fox jumps over the lazy dog. the quick brown fox jumps.",
+    "Add a docstring: def add(a, b): return a + b",
+    "Tell a short story about a robot.",
+]
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start(cfg: dict, tmp: Path, env: dict | None = None, size: int = 2) -> list:
+    """Start `size` ranks of the worker as mlx.launch would on one host (ring backend)."""
+    hostfile = tmp / "hosts.json"
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in _free_ports(size)]))
+    (tmp / "cfg.json").write_text(json.dumps(cfg))
+    base = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(WORKER.parent)]),
+        "MLX_HOSTFILE": str(hostfile),
+        **(env or {}),
+    }
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(tmp / "cfg.json")],
+            env={**base, "MLX_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(size)
+    ]
+
+
+def finish(procs: list, timeout: float) -> list[tuple[int | None, str]]:
+    """(exit code, stderr) of each rank; a rank still running after `timeout` is killed and
+    reported with code None."""
+    deadline = time.monotonic() + timeout
+    out = []
+    for p in procs:
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            out.append((p.returncode, err))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+            out.append((None, err))
+    return out
+
+
+def run(cfg: dict, tmp: Path, size: int = 2, timeout: float = 900) -> dict:
+    cfg = {**cfg, "out": str(tmp / "out.json")}
+    results = finish(start(cfg, tmp, size=size), timeout)
+    for rank, (code, err) in enumerate(results):
+        assert code == 0, f"rank {rank} exited with {code}:\n{err[-3000:]}"
+    return json.loads((tmp / "out.json").read_text())
+
+
+def one_process(cfg: dict, tmp: Path) -> dict:
+    tmp.mkdir()
+    cfg = {**cfg, "out": str(tmp / "out.json")}
+    (tmp / "cfg.json").write_text(json.dumps(cfg))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(WORKER.parent)])}
+    env.pop("MLX_HOSTFILE", None)
+    env.pop("MLX_RANK", None)
+    subprocess.run([sys.executable, str(WORKER), str(tmp / "cfg.json")], env=env, check=True)
+    return json.loads((tmp / "out.json").read_text())
+
+
+def assert_identical(got: dict, ref_ar: list) -> None:
+    assert got["ar"] == ref_ar
+    for d, outs in got["spec"].items():
+        for i, (spec, ar) in enumerate(zip(outs, ref_ar)):
+            assert spec == ar, f"{d} differs from AR on prompt {i}"
+
+
+TINY = {"model": "tiny", "drafters": ["none", "pld", "draft-model:tiny"], "max_tokens": 40}
+
+
+def test_tiny_pipeline_matches_ar_and_one_process(tmp_path):
+    cfg = {**TINY, "shard": "pipeline", "prompts": TINY_PROMPTS}
+    (tmp_path / "two").mkdir()
+    got = run(cfg, tmp_path / "two")
+    assert got["sharding"].startswith("pipeline over 2 ranks (ring): layers 1-1 of 2")
+    single = one_process(cfg, tmp_path / "one")
+    assert_identical(got, got["ar"])
+    assert got["ar"] == single["ar"]  # pipeline sharding changes no sum
+    assert got["wire_bytes"][0] > 0 and got["collectives"] > 0
+
+
+def test_tiny_tensor_matches_ar_on_the_same_sharding(tmp_path):
+    cfg = {**TINY, "shard": "tensor", "prompts": TINY_PROMPTS}
+    got = run(cfg, tmp_path)
+    assert got["sharding"].startswith("tensor over 2 ranks (ring)")
+    assert_identical(got, got["ar"])
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_rank_that_dies_or_hangs_ends_the_other(tmp_path, how):
+    cfg = {**TINY, "shard": "pipeline", "prompts": TINY_PROMPTS, "rounds": 10**6}
+    cfg.update(drafters=["pld"], out=str(tmp_path / "out.json"), pids=str(tmp_path))
+    procs = start(cfg, tmp_path, env={"ADASPEC_DIST_TIMEOUT": "3"})
+    pid = tmp_path / "rank1.pid"
+    deadline = time.monotonic() + 120
+    while not pid.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # well into generating
+    victim = procs[1]
+    try:
+        victim.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        (code, err), *_ = finish(procs[:1], timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        victim.kill()
+        victim.communicate()
+    assert code is not None, "rank 0 hung after its peer was lost"
+    assert code != 0
+    if how == "kill":  # mlx raises, or the watchdog sees the closed connection
+        assert "lost its peers" in err or "a peer closed its connection" in err, err[-2000:]
+    else:
+        assert "no answer from the other ranks for 3 s" in err, err[-2000:]
+    assert took < 30
+
+
+SMOL = {
+    "model": "smollm2-135m",
+    "drafters": ["pld", "dflash", "auto", "none"],
+    "prompts": SMOL_PROMPTS,
+    "max_tokens": 48,
+}
+
+
+@pytest.mark.slow
+def test_smollm2_pipeline_every_drafter_matches_ar_and_one_process(tmp_path):
+    cfg = {**SMOL, "shard": "pipeline"}
+    (tmp_path / "two").mkdir()
+    got = run(cfg, tmp_path / "two")
+    assert got["sharding"] == "pipeline over 2 ranks (ring): layers 15-29 of 30 on rank 0"
+    assert_identical(got, got["ar"])
+    single = one_process({**cfg, "drafters": []}, tmp_path / "one")
+    assert got["ar"] == single["ar"]
