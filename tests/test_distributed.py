@@ -74,19 +74,23 @@ def finish(procs: list, timeout: float) -> list[tuple[int | None, str]]:
     return out
 
 
-def run(cfg: dict, tmp: Path, size: int = 2, timeout: float = 900) -> dict:
+def run(cfg: dict, tmp: Path, size: int = 2, timeout: float = 900, env=None) -> dict:
     cfg = {**cfg, "out": str(tmp / "out.json")}
-    results = finish(start(cfg, tmp, size=size), timeout)
+    results = finish(start(cfg, tmp, env, size=size), timeout)
     for rank, (code, err) in enumerate(results):
         assert code == 0, f"rank {rank} exited with {code}:\n{err[-3000:]}"
     return json.loads((tmp / "out.json").read_text())
 
 
-def one_process(cfg: dict, tmp: Path) -> dict:
+def one_process(cfg: dict, tmp: Path, env=None) -> dict:
     tmp.mkdir()
     cfg = {**cfg, "out": str(tmp / "out.json")}
     (tmp / "cfg.json").write_text(json.dumps(cfg))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(WORKER.parent)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(WORKER.parent)]),
+        **(env or {}),
+    }
     env.pop("MLX_HOSTFILE", None)
     env.pop("MLX_RANK", None)
     subprocess.run([sys.executable, str(WORKER), str(tmp / "cfg.json")], env=env, check=True)
@@ -166,3 +170,79 @@ def test_smollm2_pipeline_every_drafter_matches_ar_and_one_process(tmp_path):
     assert_identical(got, got["ar"])
     single = one_process({**cfg, "drafters": []}, tmp_path / "one")
     assert got["ar"] == single["ar"]
+
+
+@pytest.mark.slow
+def test_smollm2_pipeline_dflash_drafts_from_the_same_features(tmp_path):
+    """DFlash reads tap layers both ranks run: with every draft of a fixed length and no
+    gate, it drafts what it drafts in one process, token for token (so tau is equal)."""
+    cfg = {**SMOL, "shard": "pipeline", "drafters": ["dflash"], "max_tokens": 32}
+    fixed = {"ADASPEC_GATE": "off", "ADASPEC_DRAFT_ADAPTIVE": "false", "ADASPEC_DRAFT_MAX": "3"}
+    (tmp_path / "two").mkdir()
+    got = run(cfg, tmp_path / "two", env=fixed)
+    single = one_process(cfg, tmp_path / "one", env=fixed)
+    assert got["spec"] == single["spec"]
+    assert got["tau"]["dflash"] == single["tau"]["dflash"]
+    assert max(got["tau"]["dflash"]) > 1.2  # drafts are accepted: the features are right
+
+
+# --- pure parts: the split, the layer map, doctor's lines ---
+
+
+@pytest.mark.parametrize("layers,size", [(30, 2), (2, 2), (7, 3), (24, 4), (5, 5)])
+def test_pipeline_split_is_mlx_lms(layers, size):
+    from mlx_lm.models.pipeline import PipelineMixin
+
+    from adaspec.distributed.shard import Sharding, pipeline_split
+
+    class Group:
+        def __init__(self, r):
+            self.r = r
+
+        def rank(self):
+            return self.r
+
+        def size(self):
+            return size
+
+    starts, counts = pipeline_split(layers, size)
+    for r in range(size):
+        m = PipelineMixin()
+        m.layers = list(range(layers))
+        m.pipeline(Group(r))
+        assert (m.start_idx, m.end_idx) == (starts[r], starts[r] + counts[r])
+        s = Sharding("pipeline", r, size, "ring", m.start_idx, m.end_idx, layers)
+        for layer in range(layers):
+            owner = s.owner(layer)
+            assert starts[owner] <= layer < starts[owner] + counts[owner]
+            assert (s.local(layer) is not None) == (owner == r)
+
+
+def test_doctor_says_how_the_target_is_sharded():
+    from adaspec.doctor import _distributed_lines
+
+    net = {"ranks": 2, "backend": "ring", "round_trip_us_384B": 95.0, "round_trip_us_36KB": 130.0}
+    d = {"distributed": net, "settings": {"ADASPEC_SHARD": "auto"}, "model": {"num_layers": 30}}
+    lines = _distributed_lines(d)
+    assert lines[0] == (
+        "ranks         2 (ring), target sharded: pipeline (rank 0: layers 15-29, rank 1: layers 0-14)"
+    )
+    assert "95 us (384 B)" in lines[1]
+    one = _distributed_lines({"distributed": {"ranks": 1, "backend": "none"}, "settings": {}})
+    assert one[0].startswith("ranks         1 (not started by mlx.launch")
+
+
+def test_shard_refuses_what_it_cannot_split():
+    from tiny import tiny_model
+
+    from adaspec.distributed.shard import shard
+    from adaspec.distributed.world import World
+    from adaspec.errors import DistributedError
+
+    w = World(None, 0, 3, "ring")
+    with pytest.raises(DistributedError, match="num_attention_heads=4, which does not split"):
+        shard(tiny_model("llama"), w, "tensor")
+    with pytest.raises(DistributedError, match="fewer than the 3 ranks"):
+        shard(tiny_model("llama", layers=2), w, "pipeline")
+    with pytest.raises(DistributedError, match="accepted: auto, pipeline, tensor"):
+        shard(tiny_model("llama"), w, "rows")

@@ -36,8 +36,8 @@ class Sharding:
         """The rank that runs global decoder layer `layer`."""
         if self.kind == "tensor":
             return self.rank
-        starts, _ = pipeline_split(self.num_layers, self.size)
-        return max(r for r in range(self.size) if starts[r] <= layer)
+        starts, _ = pipeline_split(self.num_layers, self.size)  # decreasing with the rank
+        return min(r for r in range(self.size) if starts[r] <= layer)
 
     def describe(self) -> str:
         where = (

@@ -210,3 +210,24 @@ def world(timeout: float | None = None) -> World:
     _WORLD = w
     log.info("rank %d of %d (%s backend)", w.rank, w.size, backend)
     return w
+
+
+def network_report(w: World, repeats: int = 20) -> dict[str, Any]:
+    """The ranks, the backend and (when there are several) the measured median time of one
+    all_sum round trip at a command's size and at a 16-row hidden state's; every rank must
+    call it together."""
+    out: dict[str, Any] = {"ranks": w.size, "backend": w.backend, "rank": w.rank}
+    if w.size == 1:
+        return out
+    import mlx.core as mx
+
+    for name, n in (("round_trip_us_384B", 96), ("round_trip_us_36KB", 9216)):
+        x = mx.zeros((n,), mx.int32)
+        times = []
+        with w.guard("measuring the network"):
+            for _ in range(repeats + 2):
+                t0 = time.perf_counter()
+                mx.eval(mx.distributed.all_sum(x, group=w.group))
+                times.append(time.perf_counter() - t0)
+        out[name] = round(sorted(times[2:])[len(times[2:]) // 2] * 1e6, 1)
+    return out
