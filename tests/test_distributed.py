@@ -225,7 +225,8 @@ def test_doctor_says_how_the_target_is_sharded():
     d = {"distributed": net, "settings": {"ADASPEC_SHARD": "auto"}, "model": {"num_layers": 30}}
     lines = _distributed_lines(d)
     assert lines[0] == (
-        "ranks         2 (ring), target sharded: pipeline (rank 0: layers 15-29, rank 1: layers 0-14)"
+        "ranks         2 (ring), target sharded: pipeline "
+        "(rank 0: layers 15-29, rank 1: layers 0-14)"
     )
     assert "95 us (384 B)" in lines[1]
     one = _distributed_lines({"distributed": {"ranks": 1, "backend": "none"}, "settings": {}})
