@@ -247,3 +247,19 @@ def test_shard_refuses_what_it_cannot_split():
         shard(tiny_model("llama", layers=2), w, "pipeline")
     with pytest.raises(DistributedError, match="accepted: auto, pipeline, tensor"):
         shard(tiny_model("llama"), w, "rows")
+
+
+@pytest.mark.slow
+def test_a_pipeline_rank_releases_the_stored_matrices_of_layers_it_does_not_run():
+    from adaspec.cli.common import load_model
+    from adaspec.distributed.shard import pipeline
+    from adaspec.distributed.world import World
+
+    model, _ = load_model("smollm2-135m")
+    registry = model.adaspec_stored
+    before, count = registry.nbytes, len(registry.matrices)
+    pipeline(model, World(None, 1, 2, "ring"))  # rank 1: layers 0-14 (no collective here)
+    per_layer = 7  # q, k, v, o, gate, up, down
+    assert len(registry.matrices) == count - 15 * per_layer
+    layers = before - model.model.embed_tokens._stored.nbytes  # every rank keeps the table
+    assert 0.45 < (before - registry.nbytes) / layers < 0.55

@@ -116,6 +116,9 @@ def pipeline(model: Any, world: World) -> Sharding:
     if len(mine) > 1:
         mine[-1] = _Stage(mine[-1], world, first=False, last=True)
     inner.layers = mine
+    registry = getattr(model, "adaspec_stored", None)
+    if registry is not None:  # stored weights: the other ranks' matrices are released too
+        registry.drop_unused(model)
     return Sharding("pipeline", world.rank, world.size, world.backend, start, end, n)
 
 
