@@ -99,6 +99,7 @@ class Channel:
         """Broadcast a command; with `sync`, wait until every rank has it (which also proves
         every earlier collective done). Returns the header as received (lazy without sync)."""
         inline = ids is not None and n <= SLOTS
+        a = self._with_trim(op, tid, a)
         hdr = self._bcast(_header(op, tid, n, a, taps, ids if inline else None))
         if ids is not None and not inline:  # the ids that do not fit follow the header
             with self.world.guard(OP_NAMES[op]):
@@ -113,6 +114,11 @@ class Channel:
             if self.world.watchdog:
                 self.world.watchdog.arm(OP_NAMES[op])
         return hdr
+
+    def _with_trim(self, op: int, tid: int, a: int) -> int:
+        """A rollback waits for the next command: a prefill or verify of the same cache carries
+        it (field a: positions to trim first); any other command is preceded by it."""
+        return a
 
     def send_json(self, op: int, tid: int, obj: Any) -> None:
         raw = json.dumps(obj).encode()
@@ -157,6 +163,7 @@ class LeaderTarget:
         self.world, self.channel = world, _channel(world)
         self.local = local_target(model, tokenizer, world, prefill_step)
         self.info = self.local.info
+        self._last: list[mx.array] | None = None  # the latest forward's outputs
         dead = self.channel.forget_dead()
         self.tid = self.channel.open(self)
         self.channel.send(NEW, self.tid, len(dead), prefill_step, ids=mx.array(dead, mx.int32))
@@ -168,6 +175,7 @@ class LeaderTarget:
     def prefill(self, tokens: Sequence[int], taps: tuple[int, ...] = ()) -> mx.array | None:
         ids = mx.array([int(t) for t in tokens], dtype=mx.int32)
         self.channel.send(PREFILL, self.tid, len(tokens), 0, taps, ids)
+        self._last = None
         with self.world.guard(OP_NAMES[PREFILL]):
             return self.local.prefill(tokens, taps)
 
@@ -178,12 +186,20 @@ class LeaderTarget:
         fed = hdr[FIXED : FIXED + n] if n <= SLOTS else ids
         fwd = self.local.forward(fed.astype(mx.uint32), taps)
         # queued now, in the order every rank builds it: the collectives inside must match
-        mx.async_eval(fwd.logits, *([] if fwd.features is None else [fwd.features]))
+        self._last = [fwd.logits, *([] if fwd.features is None else [fwd.features])]
+        mx.async_eval(*self._last)
         return fwd
 
     def rollback(self, n: int) -> None:
+        """Trims rank 0's caches now and the others' with the next command (no collective of
+        its own). The controller rolls back after reading the verify, so waiting for that
+        forward here costs nothing and proves every collective so far done (the watchdog
+        stands down until the next command)."""
         self.local.rollback(n)  # a bad n raises here, before any rank hears of it
-        self.channel.send(ROLLBACK, self.tid, 0, n)
+        self.channel.trim(self, n)
+        if self._last is not None:
+            with self.world.guard(OP_NAMES[FORWARD]):
+                mx.eval(*self._last)
 
     def forward_tree(self, tokens, parents, taps=()) -> Forward:
         raise TargetError(f"this target verifies chains only: {self.tree_unsupported}")
@@ -199,6 +215,29 @@ class _LeaderChannel(Channel):
         super().__init__(world)
         self._next = 1
         self._live: dict[int, weakref.ref] = {}
+        self._trim = (0, 0)  # (cache id, positions) rank 0 trimmed and the others not yet
+
+    def trim(self, target: LeaderTarget, n: int) -> None:
+        tid, pending = self._trim
+        if pending and tid != target.tid:
+            self._flush()
+        self._trim = (target.tid, self._trim[1] + n if tid == target.tid else n)
+
+    def _flush(self) -> None:
+        tid, pending = self._trim
+        self._trim = (0, 0)
+        if pending:
+            self.send(ROLLBACK, tid, 0, pending, sync=False)
+
+    def _with_trim(self, op: int, tid: int, a: int) -> int:
+        pending_tid, pending = self._trim
+        if not pending:
+            return a
+        if op in (FORWARD, PREFILL) and pending_tid == tid:
+            self._trim = (0, 0)
+            return pending
+        self._flush()
+        return a
 
     def open(self, target: LeaderTarget) -> int:
         tid, self._next = self._next, self._next + 1
@@ -279,8 +318,10 @@ def follow(model: Any, tokenizer: Any, world: World) -> int:
                     targets.pop(dead, None)
                 targets[tid] = local_target(model, tokenizer, world, a)
             elif op == PREFILL:
+                targets[tid].rollback(a)  # a rollback rank 0 made since the last command
                 targets[tid].prefill(ids.tolist(), taps)
             elif op == FORWARD:
+                targets[tid].rollback(a)
                 fwd = targets[tid].forward(ids.astype(mx.uint32), taps)
                 mx.eval(fwd.logits, *([] if fwd.features is None else [fwd.features]))
             elif op == ROLLBACK:
