@@ -92,7 +92,6 @@ class Channel:
 
     def _bcast(self, x: mx.array) -> mx.array:
         self.world.collectives += 1
-        self.world.payload_bytes += x.nbytes
         return mx.distributed.all_sum(x, group=self.world.group)
 
     def send(self, op: int, tid: int, n: int = 0, a: int = 0, taps=(), ids=None, sync=True):

@@ -97,8 +97,7 @@ class World:
     size: int
     backend: str
     watchdog: Watchdog | None = None
-    collectives: int = 0  # collectives issued by adaspec's own commands
-    payload_bytes: int = 0  # bytes those collectives carried from this rank
+    collectives: int = 0  # collectives this rank has queued (commands, pipeline hops, taps)
     _sockets: list[int] = field(default_factory=list)
 
     @property
