@@ -21,6 +21,7 @@ def _run(args: argparse.Namespace) -> int:
 
     w = world()  # under mlx.launch / mpirun: every rank measures the network, rank 0 reports
     net = network_report(w)
+    w.done()  # no collective follows: the other ranks may leave now
     if not w.leader:
         return 0
     report = doctor.collect(args.model)
