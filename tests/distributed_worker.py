@@ -3,8 +3,9 @@ MLX_HOSTFILE set): shards the target, then rank 0 generates every prompt with ml
 with each drafter, and writes the token ids it got to a JSON file.
 
 Usage: python tests/distributed_worker.py CONFIG.json
-CONFIG: {"model": "smollm2-135m" | "tiny", "shard": "pipeline" | "tensor", "drafters": [...],
-         "prompts": [str | [ids]], "max_tokens": N, "out": PATH, "pids": DIR | null,
+CONFIG: {"model": "smollm2-135m" | "tiny" | "tiny:qwen3", "shard": "pipeline" | "tensor",
+         "drafters": [...], "prompts": [str | [ids]], "max_tokens": N, "out": PATH,
+         "pids": DIR | null,
          "rounds": N (repeat the whole run; large for the tests that kill a rank)}
 """
 
@@ -21,10 +22,11 @@ from pathlib import Path
 
 
 def load(name: str):
-    if name == "tiny":
+    if name.startswith("tiny"):  # "tiny" (llama) or "tiny:ARCH"
         from tiny import byte_tokenizer, tiny_model
 
-        return tiny_model("llama", seed=0, layers=2), byte_tokenizer()
+        arch = name.partition(":")[2] or "llama"
+        return tiny_model(arch, seed=0, layers=2), byte_tokenizer()
     from adaspec.cli.common import load_model
 
     return load_model(name)

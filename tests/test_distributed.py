@@ -118,6 +118,15 @@ def test_tiny_pipeline_matches_ar_and_one_process(tmp_path):
     assert got["wire_bytes"][0] > 0 and got["collectives"] > 0
 
 
+def test_tiny_qwen3_pipeline_matches_ar_and_one_process(tmp_path):
+    cfg = {**TINY, "model": "tiny:qwen3", "shard": "pipeline", "prompts": TINY_PROMPTS}
+    cfg["drafters"] = ["pld"]
+    (tmp_path / "two").mkdir()
+    got = run(cfg, tmp_path / "two")
+    assert_identical(got, got["ar"])
+    assert got["ar"] == one_process(cfg, tmp_path / "one")["ar"]
+
+
 def test_tiny_tensor_matches_ar_on_the_same_sharding(tmp_path):
     cfg = {**TINY, "shard": "tensor", "prompts": TINY_PROMPTS}
     got = run(cfg, tmp_path)
