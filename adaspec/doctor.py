@@ -144,6 +144,7 @@ def _limits(settings: Settings) -> dict[str, Any]:
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
     from .kernels import fast_ops
+    from .targets.base import layer_list
     from .targets.loader import load
 
     t = time.perf_counter()
@@ -154,6 +155,7 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
     return {
         "name": name,
         "load_s": load_s,
+        "num_layers": len(layer_list(model)),
         **forward_times(model, repeats=repeats),
         "long_context": long,
         "suffix": suffix_report(model, tokenizer, settings),
@@ -328,6 +330,7 @@ def format_report(d: dict[str, Any]) -> str:
         lines.append(f"  note: {blas['note']}")
     if "model" in d:
         lines += _model_lines(d["model"], lim)
+    lines += _distributed_lines(d)
     lines.append("settings")
     changed = d.get("settings_changed", {})
     lines += [
@@ -335,3 +338,32 @@ def format_report(d: dict[str, Any]) -> str:
         for k, v in d["settings"].items()
     ]
     return "\n".join(lines)
+
+
+def _distributed_lines(d: dict[str, Any]) -> list[str]:
+    """How the target is split when launched over several ranks (ADASPEC_SHARD)."""
+    net = d.get("distributed")
+    if not net:
+        return []
+    if net["ranks"] == 1:
+        return ["ranks         1 (not started by mlx.launch or mpirun: the target is not sharded)"]
+    kind = d["settings"].get("ADASPEC_SHARD", "auto")
+    kind = "pipeline" if kind == "auto" else kind
+    line = f"ranks         {net['ranks']} ({net['backend']}), target sharded: {kind}"
+    m = d.get("model")
+    if m and kind == "pipeline" and m.get("num_layers"):
+        from .distributed.shard import pipeline_split
+
+        starts, counts = pipeline_split(m["num_layers"], net["ranks"])
+        line += (
+            " ("
+            + ", ".join(
+                f"rank {r}: layers {s}-{s + c - 1}" for r, (s, c) in enumerate(zip(starts, counts))
+            )
+            + ")"
+        )
+    return [
+        line,
+        f"network       all_sum round trip {net['round_trip_us_384B']:.0f} us (384 B), "
+        f"{net['round_trip_us_36KB']:.0f} us (36 KB)",
+    ]

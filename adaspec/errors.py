@@ -32,3 +32,7 @@ class TargetError(AdaspecError):
 
 class ModelLoadError(AdaspecError):
     """A model path, GGUF file, catalogue entry or cache entry is missing or broken."""
+
+
+class DistributedError(AdaspecError):
+    """A target cannot be sharded over the ranks, or a rank lost its peers mid-generation."""

@@ -31,6 +31,7 @@ ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
 WEIGHT_CHOICES = ("auto", "fp32", "bf16")  # a drafter's weights (adaspec/kernels/shadow.py)
 STORED_CHOICES = ("auto", "on", "off")  # GGUF weights at their stored bits (kernels/stored.py)
+SHARD_CHOICES = ("auto", "pipeline", "tensor")  # how a target spans ranks (distributed/shard.py)
 TREE_NODES_MAX = 256
 TREE_NODES_AUTO = 16  # the largest tree `auto` tries
 
@@ -134,6 +135,10 @@ class Settings(BaseSettings):
     # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
     # or expand them to fp32 (off); auto = on where the routed kernel runs
     stored_weights: str = "auto"
+    # Under mlx.launch / mpirun: how the target is split over the ranks (auto = pipeline), and
+    # how long a rank waits on a collective before it ends itself (a peer that hangs)
+    shard: str = "auto"
+    dist_timeout: float = Field(120.0, gt=0, le=86400)
 
     @field_validator("tree_nodes", mode="before")
     @classmethod
@@ -185,7 +190,7 @@ class Settings(BaseSettings):
             return () if self.gate == "off" else ("commit", "entropy")
         return tuple(self.gate.split(","))
 
-    @field_validator("rollback", "kernel_isa", "draft_model_weights", "stored_weights")
+    @field_validator("rollback", "kernel_isa", "draft_model_weights", "stored_weights", "shard")
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
         choices = {
@@ -193,6 +198,7 @@ class Settings(BaseSettings):
             "kernel_isa": ISA_CHOICES,
             "draft_model_weights": WEIGHT_CHOICES,
             "stored_weights": STORED_CHOICES,
+            "shard": SHARD_CHOICES,
         }[str(info.field_name)]
         v = v.strip().lower()
         if v not in choices:

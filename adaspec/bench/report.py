@@ -23,6 +23,7 @@ def summarize(records: list[dict]) -> dict:
             "floored_fraction": round(median([r["floored_fraction"] for r in rs]), 4),
             "identical": sum(r["identical"] for r in rs),
             **peer_block(rs),
+            **wire_block(rs),
         }
 
     cats = sorted({r["category"] for r in records})
@@ -32,6 +33,35 @@ def summarize(records: list[dict]) -> dict:
         "open": block([r for r in records if not r["grounded"]]),
         "by_category": {c: block([r for r in records if r["category"] == c]) for c in cats},
     }
+
+
+def wire_block(rs: list[dict]) -> dict:
+    """Sharded target: medians over prompts of what crossed the network per target step and
+    per token, for mlx-lm's AR and adaspec (empty for one process)."""
+    rs = [r for r in rs if "wire" in r]
+    if not rs:
+        return {}
+    return {
+        f"{k}_{side}": round(median([r["wire"][side][k] for r in rs]), 2)
+        for side in ("ar", "spec")
+        for k in ("bytes_per_step", "collectives_per_step", "bytes_per_token")
+    }
+
+
+def wire_lines(summary: dict) -> list[str]:
+    b = summary["all"]
+    if "bytes_per_step_ar" not in b:
+        return []
+    return [
+        "",
+        "| across ranks (median) | bytes / step | collectives / step | bytes / token |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {b['bytes_per_step_' + side]:.0f} | "
+            f"{b['collectives_per_step_' + side]:.2f} | {b['bytes_per_token_' + side]:.0f} |"
+            for name, side in (("mlx-lm AR", "ar"), ("adaspec", "spec"))
+        ),
+    ]
 
 
 def markdown(records: list[dict], summary: dict) -> str:
@@ -67,7 +97,7 @@ def markdown(records: list[dict], summary: dict) -> str:
                 f"{b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |"
                 + peer_cols(b, "")
             )
-    return "\n".join(lines)
+    return "\n".join(lines + wire_lines(summary))
 
 
 def save(result: dict, path: str | Path) -> None:

@@ -11,7 +11,7 @@ from ..prompting import prompt_ids
 from .peer import PeerConfig, peer_fields, setup_peer
 from .report import summarize
 from .suite import Prompt
-from .timing import Run, median, sampler, timed
+from .timing import Run, median, timed
 
 if TYPE_CHECKING:
     from ..drafters.plan import DrafterPlan
@@ -65,6 +65,7 @@ def bench_prompt(
         # a GGUF model) can be checked for the same tokens
         "ar_tokens_sha1": hashlib.sha1(repr(list(ref)).encode()).hexdigest()[:16],
         "first_divergence": diverge if ref != got else None,
+        **({"wire": {"ar": ar[-1].wire, "spec": spec[-1].wire}} if spec[-1].wire else {}),
         "repeats": repeats,
     }
     if "peer" in runs:
@@ -87,20 +88,15 @@ def run_suite(
 ) -> dict:
     """Warm up, then per prompt interleave mlx-lm AR, adaspec and (with `peer`) mlx-lm's
     speculative decoding; returns records + summary."""
-    import mlx.core as mx
-    import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
     from tqdm import tqdm
 
     from ..api import stream_generate
+    from ..distributed.mirror import mirrored_ar
 
     spec_kwargs = dict(spec_kwargs or {})
 
-    def run_ar(ids: list[int], n: int) -> Run:
-        if spec_kwargs.get("seed") is not None:
-            mx.random.seed(spec_kwargs["seed"])
-        smp = sampler(spec_kwargs, make_sampler)
-        return timed(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=n, sampler=smp))
+    def run_ar(ids: list[int], n: int) -> Run:  # mlx-lm's (on every rank when sharded)
+        return timed(mirrored_ar(model, tokenizer, ids, n, spec_kwargs))
 
     def run_spec(ids: list[int], n: int) -> Run:
         return timed(

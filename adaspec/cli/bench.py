@@ -65,7 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..bench import SHIPPED, load_suite, markdown, run_suite, save
+    from .. import settings as settings_mod
+    from ..bench import load_suite
+    from ..distributed import run_ranks
     from ..errors import GenerationArgumentError
 
     if args.repeats < 1:
@@ -76,7 +78,21 @@ def run(args: argparse.Namespace) -> int:
         pyplot()
     suite = select(load_suite(args.suite), args.category, args.grounded, args.limit)
     model, tokenizer = load_model(args.model)
+    kind = settings_mod.get().shard
+    return run_ranks(model, tokenizer, kind, lambda: _run(args, suite, model, tokenizer))
+
+
+def _run(args: argparse.Namespace, suite: list, model, tokenizer) -> int:
+    from ..bench import SHIPPED, markdown, run_suite, save
+    from ..distributed.shard import sharding
+    from ..errors import GenerationArgumentError
+
     drafter = drafter_plan(args, model, tokenizer)
+    if args.peer is not None and sharding(model) is not None:
+        raise GenerationArgumentError(
+            "--peer runs mlx-lm's speculative decoding, which has no sharded form; accepted "
+            "on a sharded target: no --peer"
+        )
     peer = _peer(args, drafter)
     result = run_suite(
         model,
@@ -91,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     )
     suite_name = args.suite or str(SHIPPED)
     result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
+    shard = sharding(model)
+    result["config"]["target"] = shard.describe() if shard else "one process"
     print(markdown(result["records"], result["summary"]))
     if args.json:
         save(result, args.json)

@@ -17,7 +17,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from .. import doctor
+    from ..distributed.world import network_report, world
 
+    w = world()  # under mlx.launch / mpirun: every rank measures the network, rank 0 reports
+    net = network_report(w)
+    w.done()  # no collective follows: the other ranks may leave now
+    if not w.leader:
+        return 0
     report = doctor.collect(args.model)
+    report["distributed"] = net
     print(json.dumps(report, indent=2) if args.json else doctor.format_report(report))
     return 0

@@ -32,18 +32,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from .. import settings as settings_mod
-    from ..api import stream_generate
-    from ..bench.timing import timed
-    from ..prompting import messages_for, prompt_ids
+    from ..distributed import run_ranks
 
     settings = settings_mod.get()
     model, tokenizer = load_model(args.model)
+    return run_ranks(model, tokenizer, settings.shard, lambda: _run(args, model, tokenizer))
+
+
+def _run(args: argparse.Namespace, model, tokenizer) -> int:
+    from .. import settings as settings_mod
+    from ..api import stream_generate
+    from ..bench.timing import timed
+    from ..distributed.shard import sharding
+    from ..prompting import messages_for, prompt_ids
+
+    settings = settings_mod.get()
     ids = prompt_ids(
         tokenizer, messages_for(args.prompt, args.system), not args.ignore_chat_template
     )
     if args.verbose:
         for line in settings.describe():
             print(line, file=sys.stderr)
+        shard = sharding(model)
+        where = shard.describe() if shard else "one process"
+        print(f"[adaspec] target: {where}", file=sys.stderr)
     kw = dict(
         drafter=drafter_plan(args, model, tokenizer),
         max_tokens=args.max_tokens,
@@ -79,16 +91,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(model, tokenizer, ids, args, spec, spec_text: str) -> None:
-    import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
-
     from ..bench.timing import timed
+    from ..distributed.mirror import mirrored_ar
 
-    if args.seed is not None:
-        import mlx.core as mx
-
-        mx.random.seed(args.seed)
-    sampler = make_sampler(args.temp, args.top_p, args.min_p, top_k=args.top_k)
     texts: list[str] = []
 
     def collect(stream):
@@ -96,13 +101,8 @@ def _compare(model, tokenizer, ids, args, spec, spec_text: str) -> None:
             texts.append(r.text)
             yield r
 
-    ar = timed(
-        collect(
-            mlx_lm.stream_generate(
-                model, tokenizer, ids, max_tokens=args.max_tokens, sampler=sampler
-            )
-        )
-    )
+    # mlx-lm's own generate (on every rank when the model is sharded)
+    ar = timed(collect(mirrored_ar(model, tokenizer, ids, args.max_tokens, sampling_kwargs(args))))
     same = ar.tokens == spec.tokens
     speed = spec.decode_tok_s / ar.decode_tok_s if ar.decode_tok_s else 0.0
     print(

@@ -168,6 +168,20 @@ class Registry:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.matrices)
 
+    def drop_unused(self, model: Any) -> int:
+        """Unregister and release the matrices `model` no longer holds (the layers a pipeline
+        rank leaves to the others); returns the bytes released."""
+        from mlx.utils import tree_flatten
+
+        held = {id(p) for _, p in tree_flatten(model.parameters())}
+        gone = [s for s in self.matrices if id(s.weight) not in held]
+        if gone:
+            _unregister(self.lib, [s.address for s in gone])
+            addresses = {s.address for s in gone}  # in place: the finalizer holds the lists
+            self.matrices[:] = [s for s in self.matrices if s.address not in addresses]
+            self._addresses[:] = [a for a in self._addresses if a not in addresses]
+        return sum(s.nbytes for s in gone)
+
     def close(self) -> None:
         self._done()
 

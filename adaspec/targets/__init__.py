@@ -25,6 +25,10 @@ def make_target(
     from .kv import KVTarget
     from .replay import ReplayTarget, has_recurrent_state
 
+    if getattr(model, "adaspec_sharding", None) is not None:  # split over ranks
+        from ..distributed.mirror import leader_target
+
+        return leader_target(model, tokenizer, prefill_step)  # type: ignore[return-value]
     fast_ops.install(model)  # CPU fast paths with stock mlx's bits (kernels/fast_ops.py)
     if has_recurrent_state(make_prompt_cache(model)):
         return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
