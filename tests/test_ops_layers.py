@@ -212,10 +212,12 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
         return out
 
     ours = logits()
-    swaps = [(p, k, c) for _, p in model.named_modules() for k, c in p.items() if _stock(c) is not None]
+    swaps = [
+        (p, k, c) for _, p in model.named_modules() for k, c in p.items() if _stock(c) is not None
+    ]
     routed = module.scaled_dot_product_attention
-    assert len(swaps) == 30 * 10 + 1 and  # 7 linears, 2 norms, RoPE a layer; the norm
-    routed is not base.scaled_dot_product_attention
+    assert len(swaps) == 30 * 10 + 1  # a layer's 7 linears, 2 norms and RoPE; the last norm
+    assert routed is not base.scaled_dot_product_attention
     try:
         module.scaled_dot_product_attention = base.scaled_dot_product_attention
         for parent, key, child in swaps:
