@@ -116,8 +116,16 @@ class ExactRMSNorm(nn.Module):
         if rows > RMS_ROWS or x.dtype != mx.float32 or self.weight.dtype != mx.float32:
             return mx.fast.rms_norm(x, self.weight, self.eps)
         total = mx.sum(mx.square(x), -1, keepdims=True)
-        inv_n = mx.array(1.0 / x.shape[-1], mx.float32)  # mx.mean's normalizer: double, cast
-        return _normalize(x, total, inv_n, mx.array(self.eps, mx.float32), self.weight)
+        return _normalize(x, total, *self._constants(x.shape[-1]), self.weight)
+
+    def _constants(self, n: int) -> tuple[mx.array, mx.array]:
+        """(mx.mean's normalizer float32(1 / n), made from the double as mlx does; eps), kept"""
+        hit = self.__dict__.get("_const")
+        if hit is None or hit[0] != (n, self.eps):
+            one_over_n, eps = mx.array(1.0 / n, mx.float32), mx.array(self.eps, mx.float32)
+            hit = ((n, self.eps), one_over_n, eps)
+            object.__setattr__(self, "_const", hit)  # not module state
+        return hit[1], hit[2]
 
 
 class ExactLinear(nn.Linear):
