@@ -111,6 +111,14 @@ def test_sdpa_on_a_cache_slice_equals_mlx(heads, kv_heads, q_len, k_len) -> None
         assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=m), ref)
 
 
+def test_causal_positions_are_made_once_per_forward_shape() -> None:
+    a = attention._causal_indices(8, 208, 3)
+    assert attention._causal_indices(8, 208, 3) is a  # every layer of one forward
+    assert np.array_equal(np.array(a[0])[:, 0], np.tile(np.arange(200, 208), 3))
+    assert np.array_equal(np.array(a[1])[0], np.arange(208))
+    assert attention._causal_indices(8, 209, 3) is not a
+
+
 def test_small_calls_stay_on_mlx() -> None:
     q, k, v = _qkv(1, 4, 2, 1, attention.MIN_SCORES - 1, seed=2)
     assert not attention.pays(q, k)

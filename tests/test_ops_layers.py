@@ -15,7 +15,7 @@ from adaspec.kernels import fast_ops, layers
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:
-    x, y = np.array(a), np.array(b)
+    x, y = np.ascontiguousarray(a), np.ascontiguousarray(b)
     return (
         x.shape == y.shape
         and x.dtype == y.dtype
@@ -52,12 +52,15 @@ def test_rope_falls_back_where_it_does_not_apply(traditional, offset, dtype) -> 
 
 
 def test_rope_angles_are_shared_by_calls_at_one_position() -> None:
-    rope = layers.ExactRoPE(64, False, 10000.0, 1.0)
+    rope, other = layers.ExactRoPE(64, False, 10000.0, 1.0), layers.ExactRoPE(64, False, 1e4)
     a = rope._cos_sin(200, 8)
     assert rope._cos_sin(200, 8) is a and rope._cos_sin(201, 8) is not a
+    assert other._cos_sin(200, 8) is a  # every layer's twin: one computation per step
+    assert layers.ExactRoPE(64, False, 500.0)._cos_sin(200, 8) is not a
+    assert layers.ExactRoPE(32, False, 1e4)._cos_sin(200, 8) is not a
     for i in range(layers._ANGLES + 1):
         rope._cos_sin(1000 + i, 1)
-    assert (200, 8) not in rope._cache and len(rope._cache) == layers._ANGLES
+    assert (64, 1e4, 1.0, 200, 8) not in layers._SHARED and len(layers._SHARED) == layers._ANGLES
 
 
 SPECIAL = st.sampled_from([0.0, -0.0, float("inf"), float("nan"), 1e-40, 3e38, -3e38])
@@ -89,6 +92,46 @@ def test_rms_norm_in_half_precision_falls_back() -> None:
     assert same_bits(layers._twin(norm)(x), norm(x))
 
 
+@given(
+    rows=st.integers(1, 40),
+    batch=st.sampled_from([1, 2]),
+    shape=st.sampled_from([(64, 96), (576, 192), (192, 576), (576, 1536)]),
+    bias=st.booleans(),
+    layout=st.sampled_from(["3d", "2d", "strided"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_linear_equals_mlx_linear(rows, batch, shape, bias, layout, seed) -> None:
+    k_in, n_out = shape
+    key = mx.random.key(seed)
+    lin = nn.Linear(k_in, n_out, bias=bias)
+    lin.weight = mx.random.normal((n_out, k_in), key=key) * 0.5
+    if bias:
+        lin.bias = mx.random.normal((n_out,), key=mx.random.key(seed + 1))
+    x = mx.random.normal((batch, rows, 2 * k_in), key=mx.random.key(seed + 2)) * 3
+    x = {"3d": x[..., :k_in], "2d": x[0, :, :k_in], "strided": x[..., ::2]}[layout]
+    if layout == "3d":
+        x = mx.contiguous(x)
+    twin = layers._twin(lin)
+    assert type(twin) is layers.ExactLinear and twin.weight is lin.weight
+    for _ in range(2):  # the transposed weight made, then reused
+        assert same_bits(twin(x), lin(x))
+    lin.weight = twin.weight = lin.weight * 2  # a new weight is transposed anew
+    assert same_bits(twin(x), lin(x))
+
+
+def test_linear_in_half_precision_and_under_grad() -> None:
+    lin = nn.Linear(64, 32)
+    twin = layers._twin(lin)
+    x = mx.random.normal((1, 3, 64))
+    for dtype in (mx.float16, mx.bfloat16):
+        assert same_bits(twin(x.astype(dtype)), lin(x.astype(dtype)))
+    loss = lambda m, v: (m(v) ** 2).sum()  # noqa: E731
+    g_twin = nn.value_and_grad(twin, loss)(twin, x)[1]
+    g_ref = nn.value_and_grad(lin, loss)(lin, x)[1]
+    for (k, a), (_, b) in zip(tree_flatten(g_twin), tree_flatten(g_ref), strict=True):
+        assert same_bits(a, b), k
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_install_swaps_instances_and_keeps_logits(arch) -> None:
     from mlx_lm.models.cache import make_prompt_cache
@@ -98,9 +141,11 @@ def test_install_swaps_instances_and_keeps_logits(arch) -> None:
     params = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
     tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
     n_norms = sum(type(m) is nn.RMSNorm for _, m in model.named_modules())
-    assert layers.install(model) == n_norms + 2  # every norm and both layers' RoPE
+    n_linear = sum(type(m) is nn.Linear for _, m in model.named_modules())
+    assert layers.install(model) == n_norms + 2 + n_linear  # norms, both layers' RoPE, linears
     assert layers.install(model) == 0  # once only
-    assert not any(type(m) in (nn.RMSNorm, nn.RoPE) for _, m in model.named_modules())
+    kinds = (nn.RMSNorm, nn.RoPE, nn.Linear)
+    assert not any(type(m) in kinds for _, m in model.named_modules())
     assert {k for k, _ in tree_flatten(model.parameters())} == set(params)
     c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
     for chunk in (tokens[:, :9], tokens[:, 9:10], tokens[:, 10:]):  # prefill, then steps
@@ -123,4 +168,64 @@ def test_fast_ops_install_reports_what_it_changed() -> None:
     if not fast_ops.attention.enabled():
         assert done == fast_ops.Installed([], 0)
     else:
-        assert done.attention_modules == [module.__name__] and done.layers == 7
+        # 5 norms, 2 RoPE, 2 x 7 linears
+        assert done.attention_modules == [module.__name__] and done.layers == 21
+
+
+def _stock(m):
+    """the nn module a twin stands in for, holding the same arrays"""
+    if isinstance(m, layers.ExactLinear):
+        ref = nn.Linear(1, 1, bias="bias" in m)
+    elif isinstance(m, layers.ExactRMSNorm):
+        ref = nn.RMSNorm(1, eps=m.eps)
+    elif isinstance(m, layers.ExactRoPE):
+        return nn.RoPE(m.dims, m.traditional, m.base, m.scale)
+    else:
+        return None
+    for key, value in m.items():
+        ref[key] = value
+    return ref
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [200, 2000])
+def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
+    """SmolLM2 (weights as the loader gives them: stored bits where the router runs) with
+    every twin and the attention path against the same weights in stock mlx-lm modules: the
+    prefill, a 1-row step at a new position and an 8-row verify, bit for bit."""
+    import sys
+
+    from mlx_lm.models import base
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+
+    model, _ = smollm2
+    fast_ops.install(model)
+    module = sys.modules[type(model).__module__]
+    tokens = mx.arange(context + 9)[None] * 7 % 900 + 10
+
+    def logits() -> list[np.ndarray]:
+        cache = make_prompt_cache(model)
+        out = [np.array(model(tokens[:, :context], cache=cache)[:, -4:])]
+        for n in (1, 1, 8):  # steps at two positions, then a verify
+            out.append(np.array(model(tokens[:, cache[0].offset :][:, :n], cache=cache)))
+        trim_prompt_cache(cache, 8)
+        return out
+
+    ours = logits()
+    swaps = [
+        (p, k, c) for _, p in model.named_modules() for k, c in p.items() if _stock(c) is not None
+    ]
+    routed = module.scaled_dot_product_attention
+    assert len(swaps) == 30 * 10 + 1  # a layer's 7 linears, 2 norms and RoPE; the last norm
+    assert routed is not base.scaled_dot_product_attention
+    try:
+        module.scaled_dot_product_attention = base.scaled_dot_product_attention
+        for parent, key, child in swaps:
+            parent[key] = _stock(child)
+        stock = logits()
+    finally:
+        module.scaled_dot_product_attention = routed
+        for parent, key, child in swaps:  # the session's model keeps its twins
+            parent[key] = child
+    for a, b in zip(ours, stock, strict=True):
+        assert a.shape == b.shape and (a.view(np.uint32) == b.view(np.uint32)).all()

@@ -9,6 +9,7 @@ tests/test_ops_attention.py prove equal bits; `install` routes mlx-lm's models t
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from functools import partial
 from typing import Any
 
@@ -24,10 +25,29 @@ def _causal(scores: mx.array, q_idx: mx.array, k_idx: mx.array) -> mx.array:
     return mx.where(q_idx >= k_idx, scores, mx.array(mx.finfo(mx.float32).min, mx.float32))
 
 
-def _mask_causal(scores: mx.array) -> mx.array:
-    q_len, k_len = scores.shape[-2], scores.shape[-1]
-    offset = k_len - q_len
-    return _causal(scores, mx.arange(offset, q_len + offset)[:, None], mx.arange(0, k_len)[None])
+@partial(mx.compile, shapeless=True)
+def _scaled(scale: mx.array, x: mx.array) -> mx.array:
+    """fast.cpp's `multiply(array(scale), queries)` in one node (no broadcast node)"""
+    return scale * x
+
+
+_INDICES = 4  # causal masks' position pairs kept: every layer of a forward shares one
+_index_cache: OrderedDict[tuple[int, int, int], tuple[mx.array, mx.array]] = OrderedDict()
+
+
+def _causal_indices(q_len: int, k_len: int, rep: int) -> tuple[mx.array, mx.array]:
+    """fast.cpp's causal positions: query rows offset..offset+q_len-1 (repeated `rep` times
+    for the query heads folded into rows), keys 0..k_len-1; made once per forward shape"""
+    key = (q_len, k_len, rep)
+    hit = _index_cache.get(key)
+    if hit is None:
+        offset = k_len - q_len
+        rows = mx.arange(offset, q_len + offset)
+        hit = ((mx.tile(rows, rep) if rep > 1 else rows)[:, None], mx.arange(0, k_len)[None])
+        _index_cache[key] = hit
+        if len(_index_cache) > _INDICES:
+            _index_cache.popitem(last=False)
+    return hit
 
 
 def sdpa(
@@ -41,7 +61,7 @@ def sdpa(
     """fast.cpp's CPU fallback for fp32 inputs of rank 4 ([B, heads, L, D]), GQA included,
     with `softmax` above; `mask` None, "causal", a bool array or an additive array."""
     n_q, n_kv, q_len = queries.shape[1], keys.shape[1], queries.shape[2]
-    q = mx.array(scale, queries.dtype) * queries
+    q = _scaled(mx.array(scale, queries.dtype), queries)
     k, v, rep = keys, values, n_q // n_kv
     fold = rep > 1 and _folds(rep * q_len, keys)
     if fold:  # the query heads of a KV head as rows of one GEMM: K and V read once, not copied
@@ -50,10 +70,13 @@ def sdpa(
         q = mx.unflatten(q, 1, (n_kv, rep))
         k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
     scores = q @ mx.swapaxes(k, -1, -2)
-    if fold:
+    # an array mask is laid out by query head: the folded rows are unfolded to meet it
+    unfold = fold and isinstance(mask, mx.array)
+    if unfold:
         scores = mx.unflatten(scores, 2, (rep, q_len))
     if isinstance(mask, str):
-        scores = _mask_causal(scores)
+        q_idx, k_idx = _causal_indices(q_len, scores.shape[-1], rep if fold else 1)
+        scores = _causal(scores, q_idx, k_idx)
     elif mask is not None:
         m = mx.broadcast_to(mask, (*queries.shape[:-1], keys.shape[-2]))
         if rep > 1:
@@ -64,7 +87,7 @@ def sdpa(
             scores = scores + m
     probs = softmax(scores)
     if fold:
-        out = mx.flatten(probs, 2, 3) @ v
+        out = (mx.flatten(probs, 2, 3) if unfold else probs) @ v
         return mx.reshape(out, queries.shape[:-1] + (values.shape[-1],))
     out = probs @ v
     return mx.flatten(out, 1, 2) if rep > 1 else out
@@ -78,7 +101,7 @@ def _folds(rows: int, keys: mx.array) -> bool:
     return (
         rows <= blas.KERNEL_ROWS
         and keys.shape[-2] * keys.shape[-1] <= blas.NN_MAX_ELEMENTS
-        and blas.routed_calls() is not None
+        and blas._router is not None  # the router is loaded (as routed_calls() tells)
     )
 
 

@@ -1,5 +1,5 @@
 """The CPU fast paths of one model, each bit for bit stock mlx: attention on the vectorized
-softmax (attention.py), RoPE and RMSNorm twins (layers.py), mlx-lm's decoding loop on the
+softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), mlx-lm's decoding loop on the
 vectorized logsumexp (mlx_lm_generate.py), on top of mlx's JIT kernels built
 for this CPU (jit.py). ADASPEC_FAST_OPS=off, another device or platform: nothing changes."""
 
@@ -14,7 +14,7 @@ from . import attention, layers, mlx_lm_generate
 @dataclass(frozen=True)
 class Installed:
     attention_modules: list[str]  # mlx-lm model modules whose attention is routed
-    layers: int  # nn.RoPE / nn.RMSNorm instances replaced by their twins
+    layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
     generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
 
 

@@ -1,11 +1,13 @@
-"""nn.RoPE and nn.RMSNorm twins for the CPU: mlx's own fallback arithmetic, fused by mx.compile.
+"""nn.RoPE, nn.RMSNorm and nn.Linear twins for the CPU: mlx's own arithmetic in fewer graph nodes.
 
 On the CPU `mx.fast.rope` and `mx.fast.rms_norm` run their fallbacks (fast.cpp): about twenty
 and seven small ops per call, each dispatched on its own, so at one token row their cost is
 dispatch. These twins evaluate the same ops on the same values in fewer kernels (elementwise
 chains fused by the JIT, which adds no contraction; kernels/jit.py), and RoPE's angles are
-computed once per position range and shared by every layer. Bits equal stock mlx
-(tests/test_ops_layers.py). `install` swaps the instances inside one model.
+computed once per position range and shared by every layer. nn.Linear's `x @ weight.T` is four
+nodes (transpose, flatten, matmul, unflatten); its twin is one, the same GEMM call. Every node
+costs mlx a few microseconds to schedule whatever it computes (docs/fast_ops.md, "Cost").
+Bits equal stock mlx (tests/test_ops_layers.py). `install` swaps the instances inside one model.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 _ANGLES = 8  # (cos, sin) pairs kept: a step's q and k of every layer share one
+# (dims, base, scale, offset, rows) -> (cos, sin), shared by every twin of the same RoPE
+_SHARED: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()
 # the fused RMSNorm kernel broadcasts two operands with runtime strides: from 8 rows on mlx's
 # separate ops are faster (same bits either way)
 RMS_ROWS = 3
@@ -54,11 +58,10 @@ class ExactRoPE(nn.Module):
         # fast.cpp: exp(arange(0, -half, -1) * (std::log(base) / half)), in float32
         step = mx.array(_logf(base), mx.float32) / mx.array(half, mx.float32)
         inv_freqs = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * step)
-        cache: OrderedDict[tuple[int, int], tuple[mx.array, mx.array]] = OrderedDict()
         # plain attributes, not module state (no parameters, nothing saved)
         object.__setattr__(self, "_inv_freqs", inv_freqs)
         object.__setattr__(self, "_scale", mx.array(scale, mx.float32))
-        object.__setattr__(self, "_cache", cache)
+        object.__setattr__(self, "_key", (dims, float(base), float(scale)))
 
     def _fallback(self, x: mx.array, offset: Any) -> mx.array:
         return mx.fast.rope(
@@ -67,14 +70,17 @@ class ExactRoPE(nn.Module):
         )  # fmt: skip
 
     def _cos_sin(self, offset: int, n: int) -> tuple[mx.array, mx.array]:
-        key = (offset, n)
-        hit = self._cache.get(key)
+        """The angles' cosines and sines at positions offset..offset+n-1, made once for all
+        the model's layers (twins of equal dims, base and scale hold equal inverse
+        frequencies, so they share them)."""
+        key = (*self._key, offset, n)
+        hit = _SHARED.get(key)
         if hit is None:
             pos = mx.arange(n, dtype=mx.float32)
             hit = _angles(pos, mx.array(offset, mx.int32), self._scale, self._inv_freqs)
-            self._cache[key] = hit
-            if len(self._cache) > _ANGLES:
-                self._cache.popitem(last=False)
+            _SHARED[key] = hit
+            if len(_SHARED) > _ANGLES:
+                _SHARED.popitem(last=False)
         return hit
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
@@ -89,8 +95,12 @@ class ExactRoPE(nn.Module):
 
 
 @partial(mx.compile, shapeless=True)
-def _normalize(x: mx.array, mean_sq: mx.array, eps: mx.array, weight: mx.array) -> mx.array:
-    return x * mx.rsqrt(mean_sq + eps) * weight
+def _normalize(
+    x: mx.array, total: mx.array, inv_n: mx.array, eps: mx.array, weight: mx.array
+) -> mx.array:
+    """mean(x^2) as mx.mean forms it (the sum times float32(1 / n)), then fast.cpp's
+    x * rsqrt(mean + eps) * weight, all in one kernel"""
+    return x * mx.rsqrt(total * inv_n + eps) * weight
 
 
 class ExactRMSNorm(nn.Module):
@@ -105,8 +115,41 @@ class ExactRMSNorm(nn.Module):
         rows = x.size // max(x.shape[-1], 1)
         if rows > RMS_ROWS or x.dtype != mx.float32 or self.weight.dtype != mx.float32:
             return mx.fast.rms_norm(x, self.weight, self.eps)
-        mean_sq = mx.mean(mx.square(x), -1, keepdims=True)
-        return _normalize(x, mean_sq, mx.array(self.eps, mx.float32), self.weight)
+        total = mx.sum(mx.square(x), -1, keepdims=True)
+        return _normalize(x, total, *self._constants(x.shape[-1]), self.weight)
+
+    def _constants(self, n: int) -> tuple[mx.array, mx.array]:
+        """(mx.mean's normalizer float32(1 / n), made from the double as mlx does; eps), kept"""
+        hit = self.__dict__.get("_const")
+        if hit is None or hit[0] != (n, self.eps):
+            one_over_n, eps = mx.array(1.0 / n, mx.float32), mx.array(self.eps, mx.float32)
+            hit = ((n, self.eps), one_over_n, eps)
+            object.__setattr__(self, "_const", hit)  # not module state
+        return hit[1], hit[2]
+
+
+class ExactLinear(nn.Linear):
+    """nn.Linear with the transposed weight made once (a view of the weight, no copy) and,
+    for an fp32 batch of one, multiplied as a batch of one matrix: mlx's Matmul then makes the
+    same BLAS call as nn.Linear's `x @ weight.T` (transpose, flatten, matmul, unflatten) in
+    one node. A new weight (an update, a gradient's tracer) is transposed anew."""
+
+    def _transposed(self) -> tuple[mx.array, mx.array, mx.array]:
+        w = self["weight"]
+        hit = self.__dict__.get("_t")
+        if hit is None or hit[0] is not w:
+            t = w.T
+            hit = (w, t, mx.expand_dims(t, 0))
+            object.__setattr__(self, "_t", hit)  # not module state
+        return hit
+
+    def __call__(self, x: mx.array) -> mx.array:
+        _, t, t3 = self._transposed()
+        if "bias" in self:
+            return mx.addmm(self["bias"], x, t)
+        if x.ndim == 3 and x.shape[0] == 1 and x.dtype == t.dtype == mx.float32:
+            return x @ t3
+        return x @ t
 
 
 def _twin(m: Any) -> Any:
@@ -116,12 +159,18 @@ def _twin(m: Any) -> Any:
         twin = ExactRMSNorm(m.weight.shape[0], m.eps)
         twin.weight = m.weight
         return twin
+    if type(m) is nn.Linear:
+        out_dims, in_dims = m.weight.shape
+        twin = ExactLinear(in_dims, out_dims, bias="bias" in m)  # its own init stays lazy
+        for key, value in m.items():  # the same arrays: nothing copied or converted
+            twin[key] = value
+        return twin
     return None
 
 
 def install(model: Any) -> int:
-    """Replace every nn.RoPE and nn.RMSNorm held by `model` (its own instances, no class is
-    touched) with the twins above; returns how many were replaced."""
+    """Replace every nn.RoPE, nn.RMSNorm and nn.Linear held by `model` (its own instances, no
+    class is touched) with the twins above; returns how many were replaced."""
     swaps = []
     for _, parent in model.named_modules():
         for key, child in parent.items():
