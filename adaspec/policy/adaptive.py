@@ -171,6 +171,17 @@ class GatedPolicy:
             tree_nodes=self._tree_nodes(order[0] if order else None),
         )
 
+    def gains(self, arm: int, k: int) -> tuple[float, ...]:
+        """gains[j]: P(draft tokens 0..j of `arm` are all accepted), the expected tokens the
+        (j+1)-th drafted token adds (draft_length.expected_tokens term by term)."""
+        cfg = self.cfg.length or draft_length.LengthConfig()
+        accept = self.length[arm].accept if arm < len(self.length) else ()
+        out, run = [], 1.0
+        for j in range(k):
+            run *= accept[j] if j < len(accept) else accept[-1] if accept else cfg.prior_accept
+            out.append(run)
+        return tuple(out)
+
     def _tree_nodes(self, arm: int | None) -> int:
         """The node budget for a tree drafted by `arm` (the plan's first)."""
         self.tree_planned = 0 if arm is None else tree_size.choose(self.cfg.tree, self.trees[arm])
