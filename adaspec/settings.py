@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
     # or expand them to fp32 (off); auto = on where the routed kernel runs
     stored_weights: str = "auto"
+    # adaspec serve: requests decoded together (one shared verify forward; 1 = one at a time,
+    # each forward feeds at most the routed kernel's 32 rows), and requests waiting beyond
+    # those before new ones get 503 with Retry-After
+    serve_concurrency: int = Field(8, ge=1, le=32)
+    serve_queue: int = Field(64, ge=0, le=1 << 16)
 
     @field_validator("tree_nodes", mode="before")
     @classmethod
