@@ -31,6 +31,7 @@ class Member:
 
     decoder: Decoder
     emit: Callable[[Any], bool]
+    cancelled: Callable[[], bool] = lambda: False  # the client went away: leave at once
     inbox: deque = field(default_factory=deque)
     responses: Iterator[Any] | None = None  # api._texts over decode(decoder, None, self.take)
     emitted: int = 0
@@ -157,7 +158,12 @@ class Batch:
 
     def step(self) -> list[Member]:
         """One step for every active request; returns the requests that finished."""
+        for m in self.members:
+            if m.cancelled():
+                m.close()
         live = [m for m in self.members if not m.done]
+        if not live:
+            return self.drop_done()
         # 1. plan and draft, each request with its own policy and drafters
         for m in live:
             self._draft(m)
@@ -204,6 +210,7 @@ def join(
     emit: Callable[[Any], bool],
     prompt_cache: Any = None,
     stop: tuple[str, ...] = (),
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Member:
     """A request ready for the batch: its decoder (from api.start_decoder with
     shared_forward=True) prefilled alone, its responses framed as stream_generate's."""
@@ -211,7 +218,7 @@ def join(
 
     decoder.target = SharedTarget(decoder.target)
     decoder.prefill(ids)
-    m = Member(decoder, emit)
+    m = Member(decoder, emit, cancelled)
     texts = api._texts(decoder, ids, tokenizer, decoder.cfg.max_tokens, stop, m.events())
     m.responses = api._kept(prompt_cache, decoder, texts) if prompt_cache else texts
     return m
