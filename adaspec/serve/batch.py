@@ -36,6 +36,8 @@ class Member:
     responses: Iterator[Any] | None = None  # api._texts over decode(decoder, None, self.take)
     emitted: int = 0
     done: bool = False
+    steps: int = 0  # batch steps this request took part in
+    shared: int = 0  # the requests in those steps' forwards, summed
     # the step under way: plan, arm, draft, start time
     plan: Plan = field(default_factory=Plan)
     arm: int | None = None
@@ -185,6 +187,7 @@ class Batch:
         shares = _shares([len(r) for r in rows], self.cost.curve())
         # 4. each request accepts and rolls back from its rows, charged its rows' share
         for m, f, share in zip(live, fwds, shares):
+            m.steps, m.shared = m.steps + 1, m.shared + len(live)
             feats = _columns(f.features, union, m.decoder.taps)
             m.decoder.target.hand(Forward(f.logits, feats))  # type: ignore[attr-defined]
             result = m.decoder.complete(m.plan, m.room, m.arm, m.draft, m.t0, spent * share)

@@ -100,6 +100,7 @@ class _Request:
             self.spec, self.prompt, lambda: make_prompt_cache(model, tokenizer, drafter=self.spec)
         )
         self.gen, self.n, self.first, self.tic = None, 0, 0.0, time.perf_counter()
+        self.member: Member | None = None  # set while it is decoded in a batch
 
     def options(self) -> dict:
         """stream_generate's arguments for this request."""
@@ -133,6 +134,8 @@ class _Request:
             return
         decode_s = time.perf_counter() - self.tic - self.first
         self.request.usage = usage(self.gen, self.spec, self.n, self.first, decode_s)
+        m = self.member
+        self.request.usage["batch_size"] = round(m.shared / m.steps, 2) if m and m.steps else 1.0
         log.info("request: %s", " ".join(f"{k}={v}" for k, v in self.request.usage.items()))
         self.rqueue.put(None)
 
@@ -244,8 +247,8 @@ class SpecResponseGenerator(ResponseGenerator):
                 model, tokenizer, r.prompt, shared_forward=True, **r.options()
             )
             r.rqueue.put(r.ctx)
-            m = join(decoder, ids, tokenizer, r.emit, r.cache, (), r.cancelled)
-            return m, r
+            r.member = join(decoder, ids, tokenizer, r.emit, r.cache, (), r.cancelled)
+            return r.member, r
         except Exception as e:
             if r is not None:
                 r.cache.reset()
