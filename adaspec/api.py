@@ -216,8 +216,8 @@ def start_decoder(
     shared_forward: bool = False,
 ) -> tuple[Decoder, list[int]]:
     """The Decoder stream_generate runs (arguments as there; `tokenizer` mlx-lm wrapped) and
-    the prompt's ids. shared_forward: each verify forward is run beside other sequences'
-    (serve/batch.py): no plain forward queued ahead, no lazy drafts, chains only."""
+    the prompt's ids. shared_forward: verify forwards may run beside other sequences'
+    (serve/batch.py, which switches Decoder.share): drafts are chains only."""
     settings = settings or settings_mod.get()
     tokenizer = _wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
@@ -240,8 +240,7 @@ def start_decoder(
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
         tree_nodes=0 if shared_forward else settings.tree_cap,
-        overlap_draft=settings.overlap_draft and not shared_forward,
-        pipeline=not shared_forward,
+        overlap_draft=settings.overlap_draft,
     )
     pol = policy or (pc.policy if pc else default_policy(arms, settings))
     held = pc.tokens if pc else ()

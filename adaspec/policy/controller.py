@@ -32,9 +32,6 @@ class DecodeConfig:
     tree_nodes: int = 0  # most nodes of a draft tree (0: chains only)
     # greedy chains from a LazyDrafter: verify on the unevaluated ids (no sync between them)
     overlap_draft: bool = True
-    # greedy plain steps queue the next forward before reading a token (off when the forward
-    # is shared with other sequences, serve/batch.py)
-    pipeline: bool = True
 
 
 @dataclass(frozen=True)
@@ -86,9 +83,8 @@ class Decoder:
         self.arms: tuple[DraftModel, ...] = (d,) if one else tuple(d or ())  # type: ignore
         self.taps = _tap_union(self.arms)
         self.committed: list[int] = [int(t) for t in self.held]
-        self.pipelinable = (
-            self.cfg.pipeline and self.cfg.sampling.greedy and not self.cfg.logits_processors
-        )
+        self._pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
+        self.pipelinable = self._pipelinable
         self.overlap = self.pipelinable and self.cfg.overlap_draft
         self._queued: _Queued | None = None
         # why drafts are chains here whatever the drafters would propose ("" = trees verified)
@@ -105,6 +101,15 @@ class Decoder:
             n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)
         ]
         self.policy.start(names)
+
+    def share(self, shared: bool) -> None:
+        """shared: the verify forwards run beside other sequences' (serve/batch.py), so no
+        plain forward is queued ahead and every draft is read before its verify; else what the
+        config allows."""
+        if shared:
+            self._drop_queued()
+        self.pipelinable = self._pipelinable and not shared
+        self.overlap = self.pipelinable and self.cfg.overlap_draft
 
     def _ctx(
         self, max_draft: int = 0, features: mx.array | None = None, tree_nodes: int = 0

@@ -17,7 +17,7 @@ import mlx.core as mx
 from ..drafters.base import Draft
 from ..errors import TargetError
 from ..policy.batch_budget import RowCost, split
-from ..policy.controller import Decoder, StepResult, decode
+from ..policy.controller import Decoder, StepResult, decode, planned_step
 from ..policy.judge import LazyDraft
 from ..policy.plan import Plan
 from ..targets.base import Forward
@@ -164,10 +164,11 @@ class Batch:
             if m.cancelled():
                 m.close()
         live = [m for m in self.members if not m.done]
-        if not live:
-            return self.drop_done()
+        if len(live) <= 1:  # alone: its own forwards, pipelined as stream_generate's
+            return self._alone(live)
         # 1. plan and draft, each request with its own policy and drafters
         for m in live:
+            m.decoder.share(True)
             self._draft(m)
         # 2. cut the drafts to what pays in the shared forward
         self._budget()
@@ -191,6 +192,15 @@ class Batch:
             feats = _columns(f.features, union, m.decoder.taps)
             m.decoder.target.hand(Forward(f.logits, feats))  # type: ignore[attr-defined]
             result = m.decoder.complete(m.plan, m.room, m.arm, m.draft, m.t0, spent * share)
+            m.inbox.append(result)
+            self._hand_on(m, len(result[0]))
+        return self.drop_done()
+
+    def _alone(self, live: list[Member]) -> list[Member]:
+        for m in live:
+            m.decoder.share(False)
+            result = planned_step(m.decoder, m.room)
+            m.steps, m.shared = m.steps + 1, m.shared + 1
             m.inbox.append(result)
             self._hand_on(m, len(result[0]))
         return self.drop_done()

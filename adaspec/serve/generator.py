@@ -137,6 +137,7 @@ class _Request:
         m = self.member
         self.request.usage["batch_size"] = round(m.shared / m.steps, 2) if m and m.steps else 1.0
         log.info("request: %s", " ".join(f"{k}={v}" for k, v in self.request.usage.items()))
+        log.info("memory: %s", " ".join(f"{k}={v}" for k, v in memory(self.server.pool).items()))
         self.rqueue.put(None)
 
 
@@ -320,6 +321,20 @@ class SpecResponseGenerator(ResponseGenerator):
             self.pool.give(r.spec, r.cache)
             raise
         r.finish()
+
+
+def memory(pool: CachePool) -> dict:
+    """Where resident memory sits (MB): arrays alive (weights, KV caches), mlx's cache of freed
+    buffers kept for reuse, and the pooled prompt caches' KV bytes."""
+    import mlx.core as mx
+
+    kv = sum(c.nbytes for _, pc in pool.entries for c in pc.target.cache)
+    return {
+        "active_mb": round(mx.get_active_memory() / 2**20, 1),
+        "buffer_cache_mb": round(mx.get_cache_memory() / 2**20, 1),
+        "pool_kv_mb": round(kv / 2**20, 1),
+        "pool_caches": len(pool.entries),
+    }
 
 
 def usage(gen: Any, spec: str, n: int, first_s: float, decode_s: float) -> dict:
