@@ -142,3 +142,25 @@ def test_oracle_drafts_are_accepted_in_a_shared_forward(tiny, tokenizer):
     assert got == refs
     # several requests per forward, several rows per request: fewer steps than tokens
     assert batch.rows_fed > 2 * batch.steps and batch.steps < sum(map(len, refs)) / 2
+
+
+def test_a_broken_drafter_ends_its_own_request_only(tiny, tokenizer):
+    from adaspec.errors import DrafterError
+
+    good = dict(prompt=[97, 98, 99, 97], max_tokens=12, arrive=0, hang_up=None,
+                drafter=[("oracle", 3, 0)], temp=0.0, seed=0)  # fmt: skip
+    bad = {**good, "prompt": [98, 99], "drafter": [("overlong", 2, 0)]}
+    reqs = [good, bad, {**good, "prompt": [100, 32, 97]}]
+    refs = [_solo(tiny, tokenizer, r) for r in reqs]
+    batch, got, errors = Batch(), [[] for _ in reqs], []
+    for i, r in enumerate(reqs):
+        dec, ids = start_decoder(
+            tiny, tokenizer, r["prompt"], drafter=_drafter(r, refs[i]),
+            max_tokens=r["max_tokens"], shared_forward=True,
+        )  # fmt: skip
+        batch.add(join(dec, ids, tokenizer, lambda x, i=i: got[i].append(x.token) or False))
+    while batch.members:
+        errors += [m.error for m in batch.step() if m.error is not None]
+    assert len(errors) == 1 and isinstance(errors[0], DrafterError)
+    assert got[0] == refs[0] and got[2] == refs[2]
+    assert got[1] == refs[1][: len(got[1])]

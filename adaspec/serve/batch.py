@@ -36,6 +36,7 @@ class Member:
     responses: Iterator[Any] | None = None  # api._texts over decode(decoder, None, self.take)
     emitted: int = 0
     done: bool = False
+    error: Exception | None = None  # what ended it early (its own drafter, say), if anything
     steps: int = 0  # batch steps this request took part in
     shared: int = 0  # the requests in those steps' forwards, summed
     # the step under way: plan, arm, draft, start time
@@ -113,6 +114,18 @@ def _shares(rows: list[int], curve: list[float]) -> list[float]:
     return [a / sum(alone) for a in alone]
 
 
+def _guarded(m: Member, fn: Callable[..., None], *args: Any) -> None:
+    """Run one request's part of a step; an error ends that request only (`m.error`)."""
+    try:
+        fn(*args)
+    except Exception as e:
+        m.error = e
+        try:
+            m.close()
+        except Exception:
+            pass  # its caches are dropped by whoever reads m.error
+
+
 def _gains(member: Member) -> tuple[float, ...]:
     k = len(member.draft)
     if not k or member.arm is None:
@@ -143,6 +156,7 @@ class Batch:
 
     def _draft(self, m: Member) -> None:
         d = m.decoder
+        d.share(True)
         m.plan = d.policy.plan()
         if m.plan.plain and m.plan.peek and d.peek(m.plan):
             m.plan = d.policy.plan()
@@ -168,8 +182,10 @@ class Batch:
             return self._alone(live)
         # 1. plan and draft, each request with its own policy and drafters
         for m in live:
-            m.decoder.share(True)
-            self._draft(m)
+            _guarded(m, self._draft, m)
+        live = [m for m in live if not m.done]
+        if not live:
+            return self.drop_done()
         # 2. cut the drafts to what pays in the shared forward
         self._budget()
         # 3. one forward over every request's newest token and draft
@@ -191,19 +207,25 @@ class Batch:
             m.steps, m.shared = m.steps + 1, m.shared + len(live)
             feats = _columns(f.features, union, m.decoder.taps)
             m.decoder.target.hand(Forward(f.logits, feats))  # type: ignore[attr-defined]
-            result = m.decoder.complete(m.plan, m.room, m.arm, m.draft, m.t0, spent * share)
-            m.inbox.append(result)
-            self._hand_on(m, len(result[0]))
+            _guarded(m, self._complete, m, spent * share)
         return self.drop_done()
+
+    def _complete(self, m: Member, forward_s: float) -> None:
+        result = m.decoder.complete(m.plan, m.room, m.arm, m.draft, m.t0, forward_s)
+        m.inbox.append(result)
+        self._hand_on(m, len(result[0]))
 
     def _alone(self, live: list[Member]) -> list[Member]:
         for m in live:
-            m.decoder.share(False)
-            result = planned_step(m.decoder, m.room)
-            m.steps, m.shared = m.steps + 1, m.shared + 1
-            m.inbox.append(result)
-            self._hand_on(m, len(result[0]))
+            _guarded(m, self._step_alone, m)
         return self.drop_done()
+
+    def _step_alone(self, m: Member) -> None:
+        m.decoder.share(False)
+        result = planned_step(m.decoder, m.room)
+        m.steps, m.shared = m.steps + 1, m.shared + 1
+        m.inbox.append(result)
+        self._hand_on(m, len(result[0]))
 
     def _hand_on(self, m: Member, n: int) -> None:
         """Pull one response per committed token (n) through the request's text framing."""

@@ -212,7 +212,13 @@ class SpecResponseGenerator(ResponseGenerator):
                         m.done = True
                     batch.drop_done()
                 for m in done:
-                    active.pop(id(m)).finish()
+                    r = active.pop(id(m))
+                    if m.error is None:
+                        r.finish()
+                        continue
+                    r.cache.reset()
+                    self.pool.give(r.spec, r.cache)
+                    r.rqueue.put(m.error)
         finally:
             for m in batch.members:
                 m.close()
