@@ -16,6 +16,7 @@ def run(host: str, port: int, provider, drafter: str) -> None:
     from ..settings import get
 
     s = get()
-    pool = CachePool(provider.cli_args.prompt_cache_size)
+    args = provider.cli_args
+    pool = CachePool(args.prompt_cache_size, args.prompt_cache_bytes)
     generator = SpecResponseGenerator(provider, pool, drafter, s.serve_concurrency, s.serve_queue)
     _run_http_server(host, port, generator, handler_class=SpecAPIHandler)

@@ -50,10 +50,13 @@ class CachePool:
     tokens generated); otherwise a new cache while there is room, else that longest-prefix
     cache anyway (rolled back), else the place of the least recently used.
     A new cache starts from a copy of the policy of the cache last given back with its drafter
-    (what the server has measured of the arms and of a plain step), not from priors."""
+    (what the server has measured of the arms and of a plain step), not from priors.
+    Given back, the pool drops its least recently used caches beyond `size` and, with
+    `max_bytes`, while their KV caches hold more bytes than that (the newest is kept)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, max_bytes: int | None = None):
         self.size = max(int(size), 1)
+        self.max_bytes = max_bytes
         self.entries: list[tuple[str, PromptCache]] = []
         self.policies: dict[str, Any] = {}
 
@@ -76,6 +79,16 @@ class CachePool:
     def give(self, spec: str, cache: PromptCache) -> None:
         self.entries.append((spec, cache))
         self.policies[spec] = cache.policy
+        while len(self.entries) > self.size:
+            self.entries.pop(0)
+        while (
+            self.max_bytes is not None and len(self.entries) > 1 and self.nbytes() > self.max_bytes
+        ):
+            self.entries.pop(0)
+
+    def nbytes(self) -> int:
+        """Bytes the pooled caches' target KV caches hold."""
+        return sum(kv_bytes(c) for _, c in self.entries)
 
     def clear(self) -> None:
         self.entries.clear()
@@ -329,12 +342,18 @@ class SpecResponseGenerator(ResponseGenerator):
         r.finish()
 
 
+def kv_bytes(cache: Any) -> int:
+    """Bytes a PromptCache's target KV cache holds (0 for anything else)."""
+    target = getattr(cache, "target", None)
+    return sum(c.nbytes for c in getattr(target, "cache", ()))
+
+
 def memory(pool: CachePool) -> dict:
     """Where resident memory sits (MB): arrays alive (weights, KV caches), mlx's cache of freed
     buffers kept for reuse, and the pooled prompt caches' KV bytes."""
     import mlx.core as mx
 
-    kv = sum(c.nbytes for _, pc in pool.entries for c in pc.target.cache)
+    kv = pool.nbytes()
     return {
         "active_mb": round(mx.get_active_memory() / 2**20, 1),
         "buffer_cache_mb": round(mx.get_cache_memory() / 2**20, 1),
