@@ -238,8 +238,8 @@ class SpecResponseGenerator(ResponseGenerator):
                 active.pop(id(m)).finish()
 
     def _admit(self, batch: Batch, active: dict) -> None:
-        """Join waiting requests while slots are free; a request for another model waits
-        until the batch is empty."""
+        """Join waiting requests while slots are free, at most one prefill between steps of a
+        running batch; a request for another model waits until the batch is empty."""
         while len(batch.members) < self.concurrency:
             idle = not batch.members
             item, self._held = (self._held, None) if self._held and idle else (None, self._held)
@@ -254,6 +254,8 @@ class SpecResponseGenerator(ResponseGenerator):
             if member is not None:
                 batch.add(member[0])
                 active[id(member[0])] = member[1]
+                if not idle:  # one prefill between steps: the others keep decoding
+                    return
 
     def _join(self, item: tuple) -> tuple[Member, _Request] | None:
         """Prefill a request alone and make it a batch member (None: refused, answered)."""
