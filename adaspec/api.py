@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,7 +289,7 @@ def _texts(
     tokenizer: Any,
     max_tokens: int,
     stop: tuple[str, ...],
-    events: Iterator[TokenEvent] | None = None,
+    events: Generator[TokenEvent, None, None] | None = None,
 ) -> Iterator[Response]:
     """Token events (default: `decode(decoder, ids)`) -> text responses; mlx-lm's framing (the
     last response carries the final token and finish_reason) plus stop strings, whose text is
@@ -297,10 +297,10 @@ def _texts(
     detok = tokenizer.detokenizer
     detok.reset()
     tic = time.perf_counter()
-    events = decode(decoder, ids) if events is None else events
+    stream = decode(decoder, ids) if events is None else events
     text, sent, prompt_tps, finish, cut = "", 0, 0.0, "length", None
     try:
-        for n, ev in enumerate(events):
+        for n, ev in enumerate(stream):
             if n == 0:
                 fed = len(ids) - decoder.stats.cached_tokens
                 prompt_tps = fed / max(time.perf_counter() - tic, 1e-9)
@@ -328,7 +328,7 @@ def _texts(
         r.finish_reason = finish
         yield r
     finally:
-        events.close()
+        stream.close()
 
 
 def _response(

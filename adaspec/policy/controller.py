@@ -6,7 +6,7 @@ Holds no maths of its own; every token it emits was produced by the target's ver
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -366,7 +366,7 @@ def decode(
     decoder: Decoder,
     prompt: Sequence[int] | None,
     steps: Callable[[Decoder, int], StepResult] = planned_step,
-) -> Iterator[TokenEvent]:
+) -> Generator[TokenEvent, None, None]:
     """Yield tokens one at a time; if the consumer stops early, the target's cache and every
     arm are rolled back to exactly the tokens it has received. prompt None: the decoder was
     prefilled already. steps(decoder, room): the next step's result (a batched server runs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +18,6 @@ from ..drafters.base import Draft
 from ..errors import TargetError
 from ..policy.batch_budget import RowCost, split
 from ..policy.controller import Decoder, StepResult, decode, planned_step
-from ..policy.judge import LazyDraft
 from ..policy.plan import Plan
 from ..targets.base import Forward
 from ..targets.batch import MAX_ROWS, forward_rows
@@ -42,10 +41,10 @@ class Member:
     # the step under way: plan, arm, draft, start time
     plan: Plan = field(default_factory=Plan)
     arm: int | None = None
-    draft: Draft | LazyDraft = field(default_factory=Draft)
+    draft: Draft = field(default_factory=Draft)
     t0: float = 0.0
 
-    def events(self) -> Iterator[Any]:
+    def events(self) -> Generator[Any, None, None]:
         """The request's token events, each step's result handed in by the batch."""
         return decode(self.decoder, None, self.take)
 
@@ -161,7 +160,9 @@ class Batch:
         if m.plan.plain and m.plan.peek and d.peek(m.plan):
             m.plan = d.policy.plan()
         m.t0 = time.perf_counter()
-        m.arm, m.draft = d.draft(m.plan, m.room)
+        m.arm, draft = d.draft(m.plan, m.room)
+        assert isinstance(draft, Draft), "a shared decoder's drafts are read before the verify"
+        m.draft = draft
 
     def _budget(self) -> None:
         """Cut each draft to the length the batch's expected tokens per second picks."""
