@@ -164,3 +164,35 @@ def test_a_broken_drafter_ends_its_own_request_only(tiny, tokenizer):
     assert len(errors) == 1 and isinstance(errors[0], DrafterError)
     assert got[0] == refs[0] and got[2] == refs[2]
     assert got[1] == refs[1][: len(got[1])]
+
+
+def test_a_finished_request_is_freed_without_the_cyclic_collector(tiny, tokenizer):
+    """The server's request object holds its member and the member calls back into it; once
+    the request is done nothing may keep its decoder (and KV cache) alive but a gc pass."""
+    import gc
+    import weakref
+
+    class Request:  # as serve/generator.py's: holds the member, the member calls its emit
+        def emit(self, r):
+            return r.finish_reason is not None
+
+    batch, refs, requests_ = Batch(), [], []
+    gc.disable()
+    try:
+        for i in range(3):
+            dec, ids = start_decoder(
+                tiny, tokenizer, [97, 98, 99 + i], drafter="pld", max_tokens=5 + i,
+                shared_forward=True,
+            )  # fmt: skip
+            refs.append(weakref.ref(dec))
+            r = Request()
+            r.member = join(dec, ids, tokenizer, r.emit)
+            batch.add(r.member)
+            requests_.append(r)
+            del dec, r
+        while batch.members:
+            batch.step()
+        requests_.clear()
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()

@@ -58,8 +58,17 @@ class Member:
     def close(self) -> None:
         """Stop here: the decoder rolls back to the tokens handed on (decode's `finally`)."""
         self.done = True
-        if self.responses is not None:
-            self.responses.close()  # type: ignore[attr-defined]
+        responses, self.responses = self.responses, None
+        # no reference cycles left (request <-> member, member <-> its generators): a finished
+        # request's caches are freed when it is dropped, not at the next cyclic collection
+        self.emit, self.cancelled = _finished, _finished
+        self.inbox.clear()
+        if responses is not None:
+            responses.close()  # type: ignore[attr-defined]
+
+
+def _finished(*_: Any) -> bool:
+    return True
 
 
 class SharedTarget:
