@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +14,7 @@ from . import settings as settings_mod
 from .drafters.base import DraftModel
 from .drafters.plan import DrafterPlan
 from .errors import DrafterMismatchError, GenerationArgumentError
-from .policy.controller import DecodeConfig, Decoder, decode
+from .policy.controller import DecodeConfig, Decoder, TokenEvent, decode
 from .policy.plan import NeverSpeculate, SpecPolicy
 from .policy.stats import GenerationStats, StepStats
 from .sampling_params import SamplingParams
@@ -191,6 +191,39 @@ def stream_generate(
         raise GenerationArgumentError(f"max_tokens={max_tokens!r} is invalid; accepted: >= 1")
     if isinstance(stop, str) or any(not isinstance(s, str) or not s for s in stop):
         raise GenerationArgumentError(f"stop={stop!r} is invalid; accepted: non-empty strings")
+    tokenizer = _wrap_tokenizer(tokenizer)
+    decoder, ids = start_decoder(
+        model, tokenizer, prompt, drafter=drafter, max_tokens=max_tokens, temp=temp,
+        top_p=top_p, top_k=top_k, min_p=min_p, min_tokens_to_keep=min_tokens_to_keep,
+        logits_processors=logits_processors, seed=seed, policy=policy, settings=settings,
+        prompt_cache=prompt_cache,
+    )  # fmt: skip
+    texts = _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
+    yield from _kept(prompt_cache, decoder, texts) if prompt_cache else texts
+
+
+def start_decoder(
+    model: Any,
+    tokenizer: Any,
+    prompt: str | Sequence[int] | mx.array,
+    *,
+    drafter: Drafters = None,
+    max_tokens: int = 256,
+    temp: float = 0.0,
+    top_p: float = 0.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    min_tokens_to_keep: int = 1,
+    logits_processors: Sequence | None = None,
+    seed: int | None = None,
+    policy: SpecPolicy | None = None,
+    settings: settings_mod.Settings | None = None,
+    prompt_cache: PromptCache | None = None,
+    shared_forward: bool = False,
+) -> tuple[Decoder, list[int]]:
+    """The Decoder stream_generate runs (arguments as there; `tokenizer` mlx-lm wrapped) and
+    the prompt's ids. shared_forward: verify forwards may run beside other sequences'
+    (serve/batch.py, which switches Decoder.share): drafts are chains only."""
     settings = settings or settings_mod.get()
     tokenizer = _wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
@@ -212,14 +245,13 @@ def stream_generate(
         sampling=params,
         eos_ids=frozenset(tokenizer.eos_token_ids),
         logits_processors=tuple(logits_processors or ()),
-        tree_nodes=settings.tree_cap,
+        tree_nodes=0 if shared_forward else settings.tree_cap,
         overlap_draft=settings.overlap_draft,
     )
     pol = policy or (pc.policy if pc else default_policy(arms, settings))
     held = pc.tokens if pc else ()
     decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
-    texts = _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
-    yield from _kept(pc, decoder, texts) if pc else texts
+    return decoder, ids
 
 
 def _check_cache(pc: PromptCache | None, model: Any, drafter: Drafters) -> None:
@@ -258,17 +290,23 @@ def _kept(pc: PromptCache, decoder: Decoder, texts: Iterator[Response]) -> Itera
 
 
 def _texts(
-    decoder: Decoder, ids: list[int], tokenizer: Any, max_tokens: int, stop: tuple[str, ...]
+    decoder: Decoder,
+    ids: list[int],
+    tokenizer: Any,
+    max_tokens: int,
+    stop: tuple[str, ...],
+    events: Generator[TokenEvent, None, None] | None = None,
 ) -> Iterator[Response]:
-    """Token events -> text responses; mlx-lm's framing (the last response carries the final
-    token and finish_reason) plus stop strings, whose text is never emitted."""
+    """Token events (default: `decode(decoder, ids)`) -> text responses; mlx-lm's framing (the
+    last response carries the final token and finish_reason) plus stop strings, whose text is
+    never emitted. Each event yields one response, the one that ends the generation included."""
     detok = tokenizer.detokenizer
     detok.reset()
     tic = time.perf_counter()
-    events = decode(decoder, ids)
+    stream = decode(decoder, ids) if events is None else events
     text, sent, prompt_tps, finish, cut = "", 0, 0.0, "length", None
     try:
-        for n, ev in enumerate(events):
+        for n, ev in enumerate(stream):
             if n == 0:
                 fed = len(ids) - decoder.stats.cached_tokens
                 prompt_tps = fed / max(time.perf_counter() - tic, 1e-9)
@@ -296,7 +334,7 @@ def _texts(
         r.finish_reason = finish
         yield r
     finally:
-        events.close()
+        stream.close()
 
 
 def _response(

@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     # how long a rank waits on a collective before it ends itself (a peer that hangs)
     shard: str = "auto"
     dist_timeout: float = Field(120.0, gt=0, le=86400)
+    # adaspec serve: requests decoded together (one shared verify forward; 1 = one at a time,
+    # each forward feeds at most the routed kernel's 32 rows), and requests waiting beyond
+    # those before new ones get 503 with Retry-After
+    serve_concurrency: int = Field(8, ge=1, le=32)
+    serve_queue: int = Field(64, ge=0, le=1 << 16)
 
     @field_validator("tree_nodes", mode="before")
     @classmethod

@@ -1,8 +1,10 @@
 """`adaspec serve` against `mlx_lm.server` on one machine: a 4-turn chat (time to first token and
-decode tok/s per turn, each turn sent to every server in turn, same requests), then N concurrent
-clients (aggregate tok/s). mlx_lm.server runs with the BLAS `import adaspec` loads.
+decode tok/s per turn, each turn sent to every server in turn, same requests), then, at each
+level of --concurrent, N clients sending held-out chat requests (benchmarks/prompts/dev.jsonl)
+at once: aggregate tok/s, per-request decode tok/s, time to first token p50/p95, and whether
+every text equals the other server's. mlx_lm.server runs with the BLAS `import adaspec` loads.
 
-    python benchmarks/serve.py --model smollm2-135m
+    python benchmarks/serve.py --model smollm2-135m --concurrent 1,2,4,8 --skip-chat
     python benchmarks/serve.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b
 """
 
@@ -72,16 +74,44 @@ def chat_run(ports: dict, max_tokens: int) -> dict:
     return out
 
 
-def concurrent_run(port: int, n: int, max_tokens: int) -> dict:
-    def one(i: int) -> int:
-        msgs = [{"role": "user", "content": f"{TURNS[i % len(TURNS)]} (variant {i})"}]
-        return stream_chat(port, msgs, max_tokens)["tokens"]
+def held_out(n: int) -> list[list[dict]]:
+    """The first n chat requests of the dev suite (cycled)."""
+    path = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
+    rows = [json.loads(line)["messages"] for line in path.read_text().splitlines() if line]
+    return [rows[i % len(rows)] for i in range(n)]
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else 0.0
+
+
+def concurrent_run(port: int, n: int, max_tokens: int, per_client: int) -> dict:
+    """n clients, each sending its share of n * per_client held-out requests one after another."""
+    asks = held_out(n * per_client)
+
+    def client(c: int) -> list[dict]:
+        return [stream_chat(port, asks[i], max_tokens) for i in range(c, len(asks), n)]
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(n) as pool:
-        tokens = sum(pool.map(one, range(n)))
+        done = [r for rs in pool.map(client, range(n)) for r in rs]
     wall = time.perf_counter() - t0
-    return {"clients": n, "tokens": tokens, "wall_s": wall, "aggregate_tps": tokens / wall}
+    tokens = sum(r["tokens"] for r in done)
+    return {
+        "clients": n,
+        "requests": len(done),
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "aggregate_tps": round(tokens / wall, 2),
+        "decode_tps_p50": _pct([r["decode_tps"] for r in done], 0.5),
+        "ttft_p50_s": _pct([r["ttft_s"] for r in done], 0.5),
+        "ttft_p95_s": _pct([r["ttft_s"] for r in done], 0.95),
+        "batch_size_mean": round(
+            sum((r["adaspec"] or {}).get("batch_size", 1.0) for r in done) / len(done), 2
+        ),
+        "texts": [r["text"] for r in done],  # request order: the same on every server
+    }
 
 
 def summary(turns: list[dict]) -> dict:
@@ -108,14 +138,16 @@ def run_servers(servers: dict, a: argparse.Namespace) -> dict:
         ports = {name: port for name, (_, port) in procs.items()}
         for port in ports.values():  # warm up
             stream_chat(port, [{"role": "user", "content": "Hi"}], 4)
-        chat = chat_run(ports, a.max_tokens)
-        result["chat"] = {name: summary(chat[name]) for name in ports}
-        result["same_text"] = chat["same_text"]
-        result["turns"] = {name: chat[name] for name in ports}
-        for name in ports if a.concurrent else ():
-            result.setdefault("concurrent", {})[name] = concurrent_run(
-                ports[name], a.concurrent, a.max_tokens // 2
-            )
+        if not a.skip_chat:
+            chat = chat_run(ports, a.max_tokens)
+            result["chat"] = {name: summary(chat[name]) for name in ports}
+            result["same_text"] = chat["same_text"]
+            result["turns"] = {name: chat[name] for name in ports}
+        for n in a.levels:
+            for name in ports:  # the servers in turn at each level, same requests
+                result.setdefault("concurrent", {}).setdefault(name, []).append(
+                    concurrent_run(ports[name], n, a.concurrent_tokens, a.per_client)
+                )
     finally:
         for p, _ in procs.values():
             p.kill()
@@ -129,11 +161,15 @@ def main() -> int:
     ap.add_argument("--draft-model", default=None, help="also run mlx_lm.server --draft-model")
     ap.add_argument("--drafter", default=None, help="adaspec serve --drafter (default: auto)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--concurrent", type=int, default=4, help="clients at once (0: skip)")
+    ap.add_argument("--concurrent", default="4", help="clients at once, e.g. 1,2,4,8 (0: skip)")
+    ap.add_argument("--concurrent-tokens", type=int, default=96, help="max_tokens per request")
+    ap.add_argument("--per-client", type=int, default=2, help="requests each client sends")
+    ap.add_argument("--skip-chat", action="store_true", help="only the concurrent clients")
     ap.add_argument("--json", default=None)
     ap.add_argument("--one-at-a-time", action="store_true", help="one server up at a time (memory)")
     ap.add_argument("--skip-plain", action="store_true", help="no plain mlx_lm.server (memory)")
     a = ap.parse_args()
+    a.levels = [int(x) for x in a.concurrent.split(",") if int(x) > 0]
 
     import adaspec  # noqa: F401
     from adaspec.targets.loader import resolve
@@ -157,8 +193,14 @@ def main() -> int:
     for group in groups:
         result = merge(result, run_servers({n: servers[n] for n in group}, a))
     result["load_after"] = Path("/proc/loadavg").read_text().split()[:3]
-    texts = [[t["text"] for t in turns] for turns in result["turns"].values()]
-    result["same_text"] = [len(set(turn)) == 1 for turn in zip(*texts)]
+    if "turns" in result:
+        texts = [[t["text"] for t in turns] for turns in result["turns"].values()]
+        result["same_text"] = [len(set(turn)) == 1 for turn in zip(*texts)]
+    levels = list(zip(*result.get("concurrent", {}).values()))
+    result["concurrent_same_text"] = [len({tuple(r["texts"]) for r in lv}) == 1 for lv in levels]
+    for runs in result.get("concurrent", {}).values():
+        for r in runs:
+            r.pop("texts")
     print(json.dumps({k: v for k, v in result.items() if k != "turns"}, indent=1))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))

@@ -5,6 +5,7 @@ up mid-stream, and a bounded concurrent load. Every call has a deadline."""
 
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -25,12 +26,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str]):
+def start(cmd: list[str], env: dict | None = None):
     port = free_port()
     proc = subprocess.Popen(
         [*cmd, "--port", str(port), "--log-level", "WARNING"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env=None if env is None else {**os.environ, **env},
     )
     t0 = time.time()
     while time.time() - t0 < DEADLINE:
@@ -209,3 +211,67 @@ def test_concurrent_load(servers):
             rss.append(rss_mb(servers["proc"]))
     assert all(len(c) == 10 for c in chats)
     assert max(rss[2:]) - rss[1] < 64, rss
+
+
+QUESTIONS = [
+    "Write a Python function that reverses a string.",
+    "Name three rivers in Europe.",
+    "What is 12 times 7? Explain briefly.",
+    "Write a haiku about autumn.",
+    "Give two tips for writing clean code.",
+    "What does HTTP stand for?",
+    "Write a SQL query that counts rows in a table named users.",
+    "Describe a cat in one sentence.",
+]
+
+
+def test_concurrent_chats_equal_mlx_lm_server_and_serving_alone(servers):
+    """8 chat clients at once (decoded together): each text is mlx_lm.server's at T=0 and
+    the one adaspec gives the same request alone."""
+    asks = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda m: chat(servers["adaspec"], m, max_tokens=48), asks))
+        theirs = list(pool.map(lambda m: chat(servers["mlx-lm"], m, max_tokens=48)[0], asks))
+    alone = [
+        chat(servers["adaspec"], m, max_tokens=48, extra_body={"drafter": "pld"})[0] for m in asks
+    ]
+    ours = [text for text, _ in got]
+    assert ours == theirs
+    assert ours == alone
+    assert max(u["adaspec"]["batch_size"] for _, u in got) > 1  # they did share forwards
+
+
+@pytest.fixture(scope="module")
+def one_slot(folder):
+    """adaspec serve with one slot and no queue."""
+    env = {"ADASPEC_SERVE_CONCURRENCY": "1", "ADASPEC_SERVE_QUEUE": "0"}
+    proc, port = start([sys.executable, "-m", "adaspec", "serve", "--model", folder], env)
+    try:
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_full_server_answers_503_and_a_hang_up_frees_the_slot_at_once(one_slot):
+    port = one_slot
+    body = json.dumps({"messages": ASK, "max_tokens": 4000, "stream": True}).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE) as sock:
+        sock.sendall(head.encode() + body)
+        got = b""
+        while got.count(b"data:") < 3:
+            got += sock.recv(4096)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=DEADLINE)
+        c.request("POST", "/v1/chat/completions", json.dumps({"messages": ASK, "max_tokens": 4}))
+        r = c.getresponse()
+        assert r.status == 503 and r.getheader("Retry-After") == "1"
+        assert "ADASPEC_SERVE_QUEUE" in json.loads(r.read())["error"]
+    # hung up 3 tokens into 4000: the slot is free within a few steps, not after the rest
+    t0 = time.time()
+    while True:
+        status, _ = post(port, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4})
+        if status == 200:
+            break
+        assert status == 503 and time.time() - t0 < 10
+        time.sleep(0.2)

@@ -27,6 +27,23 @@ def test_pool_continues_a_conversation_and_keeps_the_others():
     assert [c for _, c in pool.entries] == [b]
 
 
+def test_pool_is_bounded_by_count_and_bytes_when_given_back():
+    def sized(n):
+        kv = SimpleNamespace(nbytes=n)
+        return SimpleNamespace(tokens=[n], policy=None, target=SimpleNamespace(cache=[kv, kv]))
+
+    pool = CachePool(3, max_bytes=100)
+    for n in (10, 20, 30):
+        pool.give("pld", sized(n))
+    assert pool.nbytes() == 100 and len(pool.entries) == 2  # the oldest (2 x 10 bytes) went
+    pool.give("pld", sized(500))  # alone over the budget: kept, the others dropped
+    assert [c.tokens for _, c in pool.entries] == [[500]]
+    unbounded = CachePool(2)
+    for n in (1, 2, 3):  # requests decoded together give back more caches than it holds
+        unbounded.give("pld", sized(n))
+    assert [c.tokens for _, c in unbounded.entries] == [[2], [3]]
+
+
 def test_full_pool_rolls_back_the_longest_prefix_or_drops_the_oldest():
     pool = CachePool(2)
     a, b = cache([1, 2, 3]), cache([1, 5, 6])

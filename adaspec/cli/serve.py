@@ -15,7 +15,6 @@ NOT_READ = (
     "kv_bits",
     "kv_group_size",
     "quantized_kv_start",
-    "prompt_cache_bytes",
     "decode_concurrency",
     "prompt_concurrency",
     "num_draft_tokens",

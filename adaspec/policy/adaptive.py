@@ -113,6 +113,11 @@ class GatedPolicy:
             tree_nodes=self.sizer.tree_nodes(order[0]),
         )
 
+    def gains(self, arm: int, k: int) -> tuple[float, ...]:
+        """gains[j]: P(draft tokens 0..j of `arm` are all accepted), the expected tokens its
+        (j+1)-th drafted token adds (for a batch's budget, serve/batch.py)."""
+        return self.sizer.gains(arm, k)
+
     def lift(self) -> bool:
         if not (self.cfg.lift and fl.can_lift(self.floor)):
             return False

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -86,7 +86,8 @@ class Decoder:
         self.arms: tuple[DraftModel, ...] = (d,) if one else tuple(d or ())  # type: ignore
         self.taps = _tap_union(self.arms)
         self.committed: list[int] = [int(t) for t in self.held]
-        self.pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
+        self._pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
+        self.pipelinable = self._pipelinable
         self.overlap = self.pipelinable and self.cfg.overlap_draft
         self._queued: _Queued | None = None
         # why drafts are chains here whatever the drafters would propose ("" = trees verified)
@@ -101,6 +102,15 @@ class Decoder:
         names = [a.name for a in self.arms]
         self.stats.arm_names = arm_labels(names)
         self.policy.start(names)
+
+    def share(self, shared: bool) -> None:
+        """shared: the verify forwards run beside other sequences' (serve/batch.py), so no
+        plain forward is queued ahead and every draft is read before its verify; else what the
+        config allows."""
+        if shared:
+            self._drop_queued()
+        self.pipelinable = self._pipelinable and not shared
+        self.overlap = self.pipelinable and self.cfg.overlap_draft
 
     def _ctx(
         self, max_draft: int = 0, features: mx.array | None = None, tree_nodes: int = 0
@@ -172,7 +182,7 @@ class Decoder:
                 return True
         return False
 
-    def _draft(self, plan: Plan, room: int) -> tuple[int | None, Draft | LazyDraft]:
+    def draft(self, plan: Plan, room: int) -> tuple[int | None, Draft | LazyDraft]:
         """Ask the plan's arms in order; the first non-empty draft is the step's."""
         nodes = 0 if self.chains_only else min(self.cfg.tree_nodes, plan.tree_nodes)
         for a, cap in plan.arms:
@@ -278,7 +288,21 @@ class Decoder:
         plan = self.policy.plan() if plan is None else plan
         t0 = time.perf_counter()
         # 1. draft: the plan's arms in order (none for a plain step)
-        arm, draft = self._draft(plan, room)
+        arm, draft = self.draft(plan, room)
+        return self.complete(plan, room, arm, draft, t0)
+
+    def complete(
+        self,
+        plan: Plan,
+        room: int,
+        arm: int | None,
+        draft: Draft | LazyDraft,
+        t0: float,
+        forward_s: float = 0.0,
+    ) -> tuple[list[int], list[bool], mx.array, StepStats]:
+        """The rest of a step whose draft (from `arm`, begun at `t0`) is given. forward_s:
+        seconds of a verify forward run beforehand for this step (a shared batched forward's
+        share), counted as verify time."""
         t1 = time.perf_counter()
         # 2. verify the newest committed token plus the draft in one forward, and accept
         v, draft, overlapped = self._judge_step(draft, plan, room)
@@ -297,7 +321,7 @@ class Decoder:
             p1 = sampling.top1_prob(v.logprobs[v.accepted])
         s = StepStats(
             committed=len(v.tokens),
-            verify_s=t2 - t1,
+            verify_s=t2 - t1 + forward_s,
             drafted=max(draft.depths(), default=0),
             nodes=len(draft) if draft.is_tree else 0,
             accepted=v.accepted,
@@ -329,17 +353,32 @@ class Decoder:
             a.rollback(n)
 
 
-def decode(decoder: Decoder, prompt: Sequence[int]) -> Iterator[TokenEvent]:
+StepResult = tuple[list[int], list[bool], mx.array, StepStats]
+
+
+def planned_step(decoder: Decoder, room: int) -> StepResult:
+    """The policy's next step (a floor lifted by a strong peeked draft), run alone."""
+    plan = decoder.policy.plan()
+    if plan.plain and plan.peek and decoder.peek(plan):
+        plan = decoder.policy.plan()
+    return decoder.step(room, plan)
+
+
+def decode(
+    decoder: Decoder,
+    prompt: Sequence[int] | None,
+    steps: Callable[[Decoder, int], StepResult] = planned_step,
+) -> Generator[TokenEvent, None, None]:
     """Yield tokens one at a time; if the consumer stops early, the target's cache and every
-    arm are rolled back to exactly the tokens it has received."""
-    decoder.prefill(prompt)
+    arm are rolled back to exactly the tokens it has received. prompt None: the decoder was
+    prefilled already. steps(decoder, room): the next step's result (a batched server runs
+    the step beside other sequences' and hands its result in)."""
+    if prompt is not None:
+        decoder.prefill(prompt)
     emitted = pending = 0  # pending: committed in the current step, not yet received
     try:
         while emitted < decoder.cfg.max_tokens:
-            plan = decoder.policy.plan()
-            if plan.plain and plan.peek and decoder.peek(plan):
-                plan = decoder.policy.plan()
-            new, from_draft, lp, s = decoder.step(decoder.cfg.max_tokens - emitted, plan)
+            new, from_draft, lp, s = steps(decoder, decoder.cfg.max_tokens - emitted)
             pending = len(new)
             for j, tok in enumerate(new):
                 pending -= 1

@@ -62,6 +62,18 @@ class DraftSizer:
                 self.cfg, self.length[a], drafted, seconds
             )
 
+    def gains(self, a: int, k: int) -> tuple[float, ...]:
+        """gains[j]: P(draft tokens 0..j of arm a are all accepted), from its measured
+        acceptance by position (the last position's for longer drafts; the prior unmeasured):
+        draft_length.expected_tokens term by term."""
+        cfg = self.cfg or draft_length.LengthConfig()
+        accept = self.length[a].accept if a < len(self.length) else ()
+        out, run = [], 1.0
+        for j in range(k):
+            run *= accept[j] if j < len(accept) else accept[-1] if accept else cfg.prior_accept
+            out.append(run)
+        return tuple(out)
+
     def judged(self, a: int) -> bool:
         """Some draft of arm `a` was judged (accepted or rejected at a position)."""
         return bool(self.length[a].accept)

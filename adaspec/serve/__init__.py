@@ -13,6 +13,10 @@ def run(host: str, port: int, provider, drafter: str) -> None:
     """Serve like `mlx_lm.server.run` until interrupted (one process, no distributed mode)."""
     from mlx_lm.server import _run_http_server
 
-    pool = CachePool(provider.cli_args.prompt_cache_size)
-    generator = SpecResponseGenerator(provider, pool, drafter)
+    from ..settings import get
+
+    s = get()
+    args = provider.cli_args
+    pool = CachePool(args.prompt_cache_size, args.prompt_cache_bytes)
+    generator = SpecResponseGenerator(provider, pool, drafter, s.serve_concurrency, s.serve_queue)
     _run_http_server(host, port, generator, handler_class=SpecAPIHandler)

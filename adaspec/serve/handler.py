@@ -4,11 +4,14 @@ the speculation figures in `usage.adaspec`."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from mlx_lm.server import APIHandler
 
 from .generator import MAX_TOKENS_UNKNOWN_CONTEXT, context_length
+
+RETRY_AFTER_S = 1  # seconds a client told 503 is asked to wait
 
 
 def check_drafter(spec: str) -> None:
@@ -59,7 +62,23 @@ class SpecAPIHandler(APIHandler):
 
     def handle_completion(self, request: Any, stop_words: list[str]) -> None:
         self._request = request
+        gen = self.response_generator
+        if gen.decoding >= gen.concurrency and gen.waiting() >= gen.queue_limit:
+            self._busy(gen)
+            return
         super().handle_completion(request, stop_words)
+
+    def _busy(self, gen: Any) -> None:
+        """503 with Retry-After: every slot is taken and the queue is full."""
+        body = json.dumps(
+            {"error": f"server busy: {gen.waiting()} requests waiting (ADASPEC_SERVE_QUEUE="
+             f"{gen.queue_limit}); retry later"}
+        ).encode()  # fmt: skip
+        self._set_completion_headers(503)
+        self.send_header("Retry-After", str(RETRY_AFTER_S))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _set_completion_headers(self, status_code: int = 200) -> None:
         # mlx-lm answers any error raised while a request is prepared with 404; ours are 400

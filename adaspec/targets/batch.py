@@ -1,0 +1,134 @@
+"""One forward over several sequences' token rows, each against its own KV cache.
+
+The rows of every sequence are laid side by side as one sequence of M rows: embeddings,
+norms, the q/k/v/o projections, the MLP and the head run once over all M rows (the costly
+part: it streams the weights), while attention runs per sequence, on its own rows against its
+own cache, exactly as a forward of that sequence alone would. With the routed small-M kernel a
+GEMM row's result is the same for every M up to its row limit, so each sequence's logits
+equal its solo forward's bit for bit while M stays within `MAX_ROWS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import mlx.core as mx
+
+from ..errors import TargetError
+from .base import Forward, layer_list, layer_output, model_type, spying
+from .kv import KVTarget
+
+MAX_ROWS = 32  # the routed kernel's row limit (kernels/blas.py KERNEL_ROWS): exact up to here
+# model types whose decoder computes one mask from a layer's cache and passes it to every
+# attention layer, which reads q_proj, k_proj, v_proj and o_proj once each
+BATCHABLE = ("llama", "qwen2", "qwen3", "mistral")
+PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def batch_unsupported(target: Any) -> str:
+    """Why `target` cannot share a batched forward ("" when it can)."""
+    if not isinstance(target, KVTarget):
+        return f"{type(target).__name__} (accepted: KVTarget, caches all trimmable)"
+    kind = model_type(target.model)
+    if kind not in BATCHABLE:
+        return f"model type {kind!r} (accepted: {', '.join(BATCHABLE)})"
+    for i, layer in enumerate(layer_list(target.model)):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None or any(getattr(attn, p, None) is None for p in PROJ):
+            return f"layer {i} has no self_attn with {', '.join(PROJ)}"
+        if getattr(layer, "use_sliding", False):
+            return f"layer {i} uses a sliding window"
+    return ""
+
+
+class _Rows:
+    """Stands in for a projection whose output over all rows was computed already."""
+
+    def __init__(self, out: mx.array):
+        self.out = out
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.out
+
+
+def _identity(x: mx.array) -> mx.array:
+    return x
+
+
+class _SplitAttention:
+    """One layer's attention over the rows of several sequences: the projections once over
+    all rows, the attention itself per sequence with that sequence's cache of this layer."""
+
+    def __init__(self, attn: Any, caches: list[Any], spans: list[tuple[int, int]]):
+        self.attn, self.caches, self.spans = attn, caches, spans
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        from mlx_lm.models.base import create_attention_mask
+
+        a = self.attn
+        q, k, v, o_proj = a.q_proj(x), a.k_proj(x), a.v_proj(x), a.o_proj
+        outs = []
+        saved = [a[p] for p in PROJ]
+        try:
+            a["o_proj"] = _identity
+            for (s, n), c in zip(self.spans, self.caches):
+                a["q_proj"], a["k_proj"], a["v_proj"] = (
+                    _Rows(q[:, s : s + n]),
+                    _Rows(k[:, s : s + n]),
+                    _Rows(v[:, s : s + n]),
+                )
+                xs = x[:, s : s + n]
+                outs.append(a(xs, create_attention_mask(xs, c), c))
+        finally:
+            for p, m in zip(PROJ, saved):
+                a[p] = m
+        return o_proj(mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0])
+
+
+@contextmanager
+def _split(model: Any, targets: Sequence[KVTarget], spans: list[tuple[int, int]]) -> Iterator:
+    layers = layer_list(model)
+    slots = [(layer, "self_attn") for layer in layers]
+    originals = [layer["self_attn"] for layer in layers]
+    try:
+        for i, layer in enumerate(layers):
+            caches = [t.cache[i] for t in targets]
+            layer["self_attn"] = _SplitAttention(originals[i], caches, spans)
+        yield
+    finally:
+        for (c, k), o in zip(slots, originals):
+            c[k] = o
+
+
+def forward_rows(
+    targets: Sequence[KVTarget], rows: Sequence[Sequence[int]], taps: tuple[int, ...] = ()
+) -> list[Forward]:
+    """Feed rows[i] to targets[i] (all over one model) in one forward; Forward i is what
+    targets[i].forward(rows[i], taps) returns, and each target's offset moves the same way."""
+    if not targets or len(targets) != len(rows):
+        raise TargetError(
+            f"forward_rows got {len(targets)} targets and {len(rows)} row lists; accepted: "
+            "one non-empty row list per target, at least one target"
+        )
+    model = targets[0].model
+    total = sum(len(r) for r in rows)
+    if any(t.model is not model for t in targets) or any(not r for r in rows):
+        raise TargetError("forward_rows: accepted: targets of one model, each fed >= 1 row")
+    if total > MAX_ROWS:
+        raise TargetError(f"forward_rows got {total} rows; accepted: at most {MAX_ROWS}")
+    spans, start = [], 0
+    for r in rows:
+        spans.append((start, len(r)))
+        start += len(r)
+    x = mx.array([int(t) for r in rows for t in r], dtype=mx.uint32)[None]
+    layers = layer_list(model)
+    with _split(model, targets, spans), spying([(layers, i) for i in taps]) as spies:
+        logits = model(x)[0].astype(mx.float32)
+    feats = mx.concatenate([layer_output(s) for s in spies], axis=-1) if taps else None
+    out = []
+    for t, (s, n) in zip(targets, spans):
+        t._offset += n
+        out.append(Forward(logits[s : s + n], None if feats is None else feats[s : s + n]))
+    return out
