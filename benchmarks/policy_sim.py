@@ -26,7 +26,7 @@ from adaspec.settings import from_env
 from adaspec.targets.kv import KVTarget
 from adaspec.targets.loader import load
 
-SUITE = "../shared/prompts/dev.jsonl"
+SUITE = "benchmarks/prompts/dev.jsonl"
 COST = {1: 1.0, 2: 1.12, 3: 1.15, 4: 1.27, 5: 1.33, 6: 1.40, 7: 1.46, 8: 1.52}
 LONE, DRAFT, PER_ROW = 0.25, 0.19, 0.06
 clock = types.SimpleNamespace(now=0.0, last_n=0)
