@@ -15,7 +15,8 @@ head's rows (`dflash:DIR,weights=bf16`; a full head is the target's and stays fp
 
 --coverage measures what restricted heads give up with the shipped SmolLM2-135M drafter: head
 sets from the target's argmax counts over --count-prompts training prompts (the trainer's
-split of the training corpus, adaspec/train/corpus_data), then on the held-out prompts' greedy responses, per set size: how
+split of adaspec/train/corpus_data), then on the held-out prompts' greedy responses, per set
+size: how
 often the drafter's top-1 and the target's token fall outside the set, and held-out tau (greedy
 blocks anchored at every 4th response position). --write-set N writes the N-id set into the
 shipped checkpoint.

@@ -45,7 +45,7 @@ def smollm2(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A tiny stand-in for the training corpus (adaspec/train/corpus_data): 12 news lines and two stdlib module names"""
+    """A tiny stand-in for adaspec/train/corpus_data: 12 news lines and two module names"""
     import numpy as np
 
     d = tmp_path_factory.mktemp("corpus")
