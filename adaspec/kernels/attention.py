@@ -101,7 +101,7 @@ def _folds(rows: int, keys: mx.array) -> bool:
     return (
         rows <= blas.KERNEL_ROWS
         and keys.shape[-2] * keys.shape[-1] <= blas.NN_MAX_ELEMENTS
-        and blas._router is not None  # the router is loaded (as routed_calls() tells)
+        and blas.routed()
     )
 
 

@@ -203,6 +203,11 @@ def kernel_isa() -> str | None:
     return _ISA_NAMES.get(_router.adaspec_kernel_isa(-1))
 
 
+def routed() -> bool:
+    """Whether the router is loaded (fp32 GEMMs of up to KERNEL_ROWS rows run on its kernel)."""
+    return _router is not None
+
+
 def routed_calls() -> tuple[int, int] | None:
     """fp32 GEMM calls the router sent to its kernels and to the BLAS library; None if no
     router is loaded."""
