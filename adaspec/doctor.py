@@ -204,6 +204,7 @@ def fast_ops_report() -> dict[str, Any]:
         "kernel_dir": str(st.directory) if st and st.directory else None,
         "attention": attention.enabled(),
         "attention_modules": attention.installed(),
+        "allocator": os.environ.get("GLIBC_TUNABLES") or "glibc's defaults",
     }
 
 
@@ -324,6 +325,7 @@ def format_report(d: dict[str, Any]) -> str:
             f"fast ops      JIT kernels {fo['jit']}; attention: "
             + (f"vectorized softmax ({modules})" if fo["attention"] else "mlx's fallback")
         )
+        lines.append(f"allocator     {fo.get('allocator', '?')} (ADASPEC_MALLOC_TCACHE)")
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
     if blas.get("note"):
