@@ -11,8 +11,8 @@ change in the machine's load falls on all alike: `twins` as fast_ops.install lea
 `no-native` as `twins` with attention as mlx ops instead of the one-node native primitive
 (kernels/native.py), `stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock`
 with every twin and the attention path replaced by stock mlx-lm modules (mlx's JIT kernels
-stay ours). Figures are medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
-other jobs on the machine do not inflate, unlike wall times.
+stay ours). Figures are medians over rounds; CPU times come from the kernel's per-thread
+accounting (schedstat), which other jobs on the machine do not inflate, unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
