@@ -1,0 +1,103 @@
+"""adaspec's own mlx primitive (kernels/native.py): attention in one graph node with stock
+mlx's bits, and the graph of mlx ops wherever the extension cannot be built."""
+
+# isort: off
+import adaspec  # noqa: F401  (BLAS and the JIT wrapper before mlx)
+import io
+import platform
+import re
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+# isort: on
+from adaspec.kernels import attention, blas, native
+from adaspec.settings import from_env
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or not shutil.which("g++") or not blas.routed(),
+    reason="the native primitive is built with g++ and runs on the routed kernel (Linux)",
+)
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    x, y = np.array(a), np.array(b)
+    return x.shape == y.shape and bool((x.view(np.uint32) == y.view(np.uint32)).all())
+
+
+def core():
+    module = native.get()
+    assert module is not None, native.status()
+    return module
+
+
+def qkv(seed, heads, kv_heads, q_len, k_len, dim=64, spare=0, scale=2.0):
+    """q as attention layers hand it over ([B, L, H, D] transposed), K and V as a KV cache
+    does (the first k_len rows of a longer buffer)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, q_len, heads, dim)).astype(np.float32) * scale
+    k = rng.standard_normal((1, kv_heads, k_len + spare, dim)).astype(np.float32) * scale
+    v = rng.standard_normal((1, kv_heads, k_len + spare, dim)).astype(np.float32)
+    q = mx.array(q).transpose(0, 2, 1, 3)
+    return q, mx.array(k)[:, :, :k_len], mx.array(v)[:, :, :k_len]
+
+
+CASES = [  # heads, kv_heads, q_len, k_len, score scale: SmolLM2 9/3, Qwen 14/2, MHA, MQA
+    (9, 3, 1, 1, 2.0),
+    (9, 3, 1, 200, 2.0),
+    (9, 3, 8, 200, 2.0),
+    (9, 3, 11, 11, 2.0),  # as many keys as rows: a first chunk
+    (9, 3, 24, 2048, 2.0),
+    (14, 2, 3, 5000, 2.0),
+    (14, 2, 16, 300, 2.0),  # 32 folded rows: the routed kernel's limit
+    (14, 2, 20, 300, 2.0),  # 40 rows: one GEMM per query head
+    (4, 4, 40, 100, 2.0),  # a prefill chunk past the routed kernel's rows
+    (8, 1, 5, 77, 30.0),  # scores far apart: exp(x - max) below -88 gives 0
+]
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "q_len", "k_len", "scale"), CASES)
+def test_attention_core_has_mlx_bits(heads, kv_heads, q_len, k_len, scale) -> None:
+    q, k, v = qkv(q_len * 1000 + k_len, heads, kv_heads, q_len, k_len, spare=37, scale=scale)
+    for mask in (None, "causal") if q_len > 1 else (None,):
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=64**-0.5, mask=mask)
+        assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=mask), ref)
+        for fold in (False, True) if q_len * heads // kv_heads <= blas.KERNEL_ROWS else (False,):
+            out = core().attention_core(q, k, v, 64**-0.5, mask == "causal", fold)
+            assert same_bits(out, ref), (mask, fold)
+
+
+def test_sdpa_is_one_graph_node() -> None:
+    q, k, v = qkv(1, 9, 3, 4, 300)
+    out = attention.sdpa(q, k, v, scale=0.125, mask="causal")
+    dot = io.StringIO()
+    mx.export_to_dot(dot, out)
+    ops = re.findall(r'label ="([A-Za-z]+)', dot.getvalue())
+    assert ops.count("AttentionCore") == 1 and "Matmul" not in ops and "Softmax" not in ops
+
+
+def test_bad_shapes_are_refused_with_what_is_accepted() -> None:
+    q, k, v = qkv(2, 9, 3, 4, 30)
+    with pytest.raises(ValueError, match="Hq a multiple of Hk"):
+        core().attention_core(q, k[:, :2], v[:, :2], 0.1, False, False)
+    with pytest.raises(ValueError, match="rank 4"):
+        core().attention_core(q[0], k, v, 0.1, False, False)
+    with pytest.raises(ValueError, match="at least as many keys"):
+        core().attention_core(*qkv(3, 9, 3, 8, 4), 0.1, True, False)
+
+
+def test_without_a_compiler_attention_stays_mlx_ops(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(native, "_status", None)
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(native, "get_settings", lambda: from_env({"ADASPEC_CACHE": str(tmp_path)}))
+    assert native.get() is None
+    assert "could not run" in native.status().reason
+    q, k, v = qkv(4, 9, 3, 8, 200)
+    ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    out = attention.sdpa(q, k, v, scale=0.125, mask="causal")
+    dot = io.StringIO()
+    mx.export_to_dot(dot, out)
+    assert "AttentionCore" not in dot.getvalue() and same_bits(out, ref)
