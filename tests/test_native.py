@@ -101,3 +101,38 @@ def test_without_a_compiler_attention_stays_mlx_ops(tmp_path, monkeypatch) -> No
     dot = io.StringIO()
     mx.export_to_dot(dot, out)
     assert "AttentionCore" not in dot.getvalue() and same_bits(out, ref)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "rows", "contexts"),
+    [
+        (9, 3, [1, 1, 1, 1], [5, 200, 31, 2048]),  # four requests decoding
+        (9, 3, [1, 8, 4, 1, 3], [40, 208, 60, 1, 9]),  # verifies and plain steps mixed
+        (14, 2, [16, 2], [300, 5000]),  # 32 folded rows, then 4
+        (9, 3, [11], [11]),  # one sequence, a first chunk
+        (4, 4, [3, 40], [50, 100]),  # a prefill-sized sequence beside a verify
+    ],
+)
+def test_attention_rows_gives_each_sequence_its_solo_bits(heads, kv_heads, rows, contexts):
+    """Several sequences' query rows side by side, each with its own KV cache slice: every
+    sequence's output rows are what sdpa (and mlx's fast SDPA) gives it alone."""
+    seqs = [qkv(i * 7 + n, heads, kv_heads, n, s, spare=11) for i, (n, s) in enumerate(
+        zip(rows, contexts))]  # fmt: skip
+    q = mx.concatenate([s[0] for s in seqs], axis=2)
+    rep = heads // kv_heads
+    fold = [rep > 1 and attention._folds(rep * n, s[1]) for n, s in zip(rows, seqs)]
+    out = core().attention_rows(q, [s[1] for s in seqs], [s[2] for s in seqs], rows, fold, 0.125)
+    refs = []
+    for n, (qi, ki, vi) in zip(rows, seqs):
+        mask = "causal" if n > 1 else None
+        ref = mx.fast.scaled_dot_product_attention(qi, ki, vi, scale=0.125, mask=mask)
+        refs.append(ref.transpose(0, 2, 1, 3).reshape(1, n, -1))
+    assert same_bits(out, mx.concatenate(refs, axis=1))
+
+
+def test_attention_rows_refuses_rows_that_do_not_add_up():
+    q, k, v = qkv(5, 9, 3, 4, 30)
+    with pytest.raises(ValueError, match="add up"):
+        core().attention_rows(q, [k, k], [v, v], [1, 2], [True, True], 0.1)
+    with pytest.raises(ValueError, match="one key, value"):
+        core().attention_rows(q, [k], [v, v], [4], [True], 0.1)

@@ -6,6 +6,7 @@
 // polynomial with fused multiply-adds, the sum from the left, times 1 / sum).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include <cfloat>
 #include <cmath>
@@ -75,17 +76,24 @@ struct Shape4 {
   int B, Hq, Hk, L, S, D, Dv;
 };
 
-// One KV head's `rows` query rows (query heads h*rep+r0 .. , each L rows) against its keys.
-void head(const Shape4& d, const View& q, const View& k, const View& v, float scale, bool causal,
-          int b, int h, int r0, int reps, float* out, std::vector<float>& qs,
-          std::vector<float>& sc) {
-  int rep = d.Hq / d.Hk, rows = reps * d.L;
+struct Out {  // where a head's output rows go: o + head * sh + row * sr
+  float* o;
+  int64_t sh, sr;
+};
+
+// One KV head's query rows (query heads h*rep+r0 .. +reps, each rows l0 .. l0+n of q) against
+// keys 0..S of k and v, as sdpa computes them; its output rows stored through `out`.
+void head(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
+          float scale, bool causal, int b, int h, int r0, int reps, const Out& out,
+          std::vector<float>& qs, std::vector<float>& sc, std::vector<float>& res) {
+  int rep = d.Hq / d.Hk, rows = reps * n;
   qs.resize(static_cast<size_t>(rows) * d.D);
   sc.resize(static_cast<size_t>(rows) * d.S);
+  res.resize(static_cast<size_t>(rows) * d.Dv);
   for (int r = 0; r < reps; r++)
-    for (int l = 0; l < d.L; l++) {
-      const float* src = q.at(b, h * rep + r0 + r, l);
-      float* dst = &qs[(static_cast<size_t>(r) * d.L + l) * d.D];
+    for (int l = 0; l < n; l++) {
+      const float* src = q.at(b, h * rep + r0 + r, l0 + l);
+      float* dst = &qs[(static_cast<size_t>(r) * n + l) * d.D];
       for (int c = 0; c < d.D; c++) dst[c] = scale * src[c * q.s3];
     }
   cblas_sgemm(kRowMajor, kNoTrans, kTrans, rows, d.S, d.D, 1.0f, qs.data(), d.D,
@@ -93,13 +101,37 @@ void head(const Shape4& d, const View& q, const View& k, const View& v, float sc
   for (int i = 0; i < rows; i++) {
     float* s = &sc[static_cast<size_t>(i) * d.S];
     if (causal) {
-      int last = d.S - d.L + i % d.L;  // the newest key this query row may see
+      int last = d.S - n + i % n;  // the newest key this query row may see
       for (int j = last + 1; j < d.S; j++) s[j] = -FLT_MAX;
     }
     softmax_row(s, d.S);
   }
   cblas_sgemm(kRowMajor, kNoTrans, kNoTrans, rows, d.Dv, d.S, 1.0f, sc.data(), d.S,
-              v.at(b, h, 0), static_cast<int>(v.s2), 0.0f, out, d.Dv);
+              v.at(b, h, 0), static_cast<int>(v.s2), 0.0f, res.data(), d.Dv);
+  for (int r = 0; r < reps; r++)
+    for (int l = 0; l < n; l++)
+      std::memcpy(out.o + (h * rep + r0 + r) * out.sh + (l0 + l) * out.sr,
+                  &res[(static_cast<size_t>(r) * n + l) * d.Dv], sizeof(float) * d.Dv);
+}
+
+// Every KV head of batch row b: folded (one GEMM per KV head) or one query head at a time.
+void heads(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
+           float scale, bool causal, bool fold, int b, const Out& out) {
+  std::vector<float> qs, sc, res;
+  int rep = d.Hq / d.Hk;
+  for (int h = 0; h < d.Hk; h++) {
+    if (fold) {
+      head(d, l0, n, q, k, v, scale, causal, b, h, 0, rep, out, qs, sc, res);
+    } else {
+      for (int r = 0; r < rep; r++)
+        head(d, l0, n, q, k, v, scale, causal, b, h, r, 1, out, qs, sc, res);
+    }
+  }
+}
+
+void check_last_axis(const std::vector<array>& in) {
+  for (auto& a : in)
+    if (a.strides()[3] != 1) throw std::runtime_error("attention: last axis strided");
 }
 
 class AttentionCore : public Primitive {
@@ -110,8 +142,7 @@ class AttentionCore : public Primitive {
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
     auto& out = outs[0];
     out.set_data(allocator::malloc(out.nbytes()));
-    for (auto& a : in)
-      if (a.strides()[3] != 1) throw std::runtime_error("attention_core: last axis strided");
+    check_last_axis(in);
     Shape4 d{static_cast<int>(in[0].shape(0)), static_cast<int>(in[0].shape(1)),
              static_cast<int>(in[1].shape(1)), static_cast<int>(in[0].shape(2)),
              static_cast<int>(in[1].shape(2)), static_cast<int>(in[0].shape(3)),
@@ -124,19 +155,10 @@ class AttentionCore : public Primitive {
     for (auto& a : in) enc.set_input_array(a);
     enc.set_output_array(out);
     enc.dispatch([=]() {
-      std::vector<float> qs, sc;
-      int rep = d.Hq / d.Hk;
-      for (int b = 0; b < d.B; b++)
-        for (int h = 0; h < d.Hk; h++) {
-          float* base = o + (static_cast<size_t>(b) * d.Hq + h * rep) * d.L * d.Dv;
-          if (fold) {
-            head(d, q, k, v, scale, causal, b, h, 0, rep, base, qs, sc);
-          } else {
-            for (int r = 0; r < rep; r++)
-              head(d, q, k, v, scale, causal, b, h, r, 1,
-                   base + static_cast<size_t>(r) * d.L * d.Dv, qs, sc);
-          }
-        }
+      for (int b = 0; b < d.B; b++) {
+        Out out{o + static_cast<size_t>(b) * d.Hq * d.L * d.Dv, int64_t{d.L} * d.Dv, d.Dv};
+        heads(d, 0, d.L, q, k, v, scale, causal, fold, b, out);
+      }
     });
   }
 
@@ -153,6 +175,92 @@ class AttentionCore : public Primitive {
   float scale_;
   bool causal_, fold_;
 };
+
+// Several sequences' attention in one node: sequence i's query rows first_i .. +n_i of q
+// [1, Hq, M, D] against its own keys and values (inputs 1 + 2i, 2 + 2i), each exactly as
+// sdpa computes that sequence alone (causal when it has several rows, folded where sdpa
+// folds); the output laid out as o_proj takes it, [1, M, Hq * Dv].
+class AttentionRows : public Primitive {
+ public:
+  AttentionRows(Stream s, float scale, std::vector<int> first, std::vector<int> rows,
+                std::vector<bool> fold)
+      : Primitive(s), scale_(scale), first_(first), rows_(rows), fold_(fold) {}
+
+  void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
+    auto& out = outs[0];
+    out.set_data(allocator::malloc(out.nbytes()));
+    check_last_axis(in);
+    int hq = static_cast<int>(in[0].shape(1)), dv = static_cast<int>(in[2].shape(3));
+    std::vector<Shape4> shapes;
+    std::vector<View> views;
+    for (size_t i = 0; i < first_.size(); i++) {
+      auto& k = in[1 + 2 * i];
+      shapes.push_back({1, hq, static_cast<int>(k.shape(1)), 0, static_cast<int>(k.shape(2)),
+                        static_cast<int>(k.shape(3)), dv});
+      views.push_back(view(k));
+      views.push_back(view(in[2 + 2 * i]));
+    }
+    View q = view(in[0]);
+    Out o{out.data<float>(), dv, int64_t{hq} * dv};
+    auto& enc = cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([=, first = first_, rows = rows_, fold = fold_, scale = scale_]() {
+      for (size_t i = 0; i < first.size(); i++)
+        heads(shapes[i], first[i], rows[i], q, views[2 * i], views[2 * i + 1], scale,
+              rows[i] > 1, fold[i], 0, o);
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("attention_rows: CPU only");
+  }
+  const char* name() const override { return "AttentionRows"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const AttentionRows&>(other);
+    return scale_ == o.scale_ && first_ == o.first_ && rows_ == o.rows_ && fold_ == o.fold_;
+  }
+
+ private:
+  float scale_;
+  std::vector<int> first_, rows_;
+  std::vector<bool> fold_;
+};
+
+array attention_rows(const array& q, const std::vector<array>& keys,
+                     const std::vector<array>& values, const std::vector<int>& rows,
+                     const std::vector<bool>& fold, float scale, StreamOrDevice s) {
+  size_t n = rows.size();
+  if (n == 0 || keys.size() != n || values.size() != n || fold.size() != n)
+    throw std::invalid_argument("attention_rows: accepted: one key, value, row count and fold "
+                                "flag per sequence, at least one sequence");
+  if (q.ndim() != 4 || q.dtype() != float32 || q.shape(0) != 1)
+    throw std::invalid_argument("attention_rows: accepted: q fp32 [1, Hq, M, D]");
+  std::vector<int> first;
+  std::vector<array> inputs{q};
+  int at = 0;
+  for (size_t i = 0; i < n; i++) {
+    auto &k = keys[i], &v = values[i];
+    bool ok = k.ndim() == 4 && v.ndim() == 4 && k.dtype() == float32 && v.dtype() == float32 &&
+              k.shape(0) == 1 && v.shape(0) == 1 && k.shape(1) == v.shape(1) &&
+              k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0 && k.shape(2) == v.shape(2) &&
+              k.shape(3) == q.shape(3) && v.shape(3) == values[0].shape(3) && rows[i] > 0 &&
+              rows[i] <= k.shape(2);
+    if (!ok)
+      throw std::invalid_argument("attention_rows: accepted: keys [1,Hk,S,D], values "
+                                  "[1,Hk,S,Dv] per sequence, Hq a multiple of Hk, 0 < rows <= S");
+    first.push_back(at);
+    at += rows[i];
+    inputs.push_back(k);
+    inputs.push_back(v);
+  }
+  if (at != q.shape(2))
+    throw std::invalid_argument("attention_rows: the row counts must add up to q's rows");
+  Shape shape{1, q.shape(2), q.shape(1) * values[0].shape(3)};
+  return array(shape, float32,
+               std::make_shared<AttentionRows>(to_stream(s), scale, first, rows, fold),
+               std::move(inputs));
+}
 
 array attention_core(const array& q, const array& k, const array& v, float scale, bool causal,
                      bool fold, StreamOrDevice s) {
@@ -175,5 +283,8 @@ array attention_core(const array& q, const array& k, const array& v, float scale
 NB_MODULE(_adaspec_native, m) {
   m.def("attention_core", &attention_core, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("fold"), nb::kw_only(),
+        nb::arg("stream") = nb::none());
+  m.def("attention_rows", &attention_rows, nb::arg("q"), nb::arg("keys"), nb::arg("values"),
+        nb::arg("rows"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());
 }
