@@ -136,3 +136,23 @@ def test_attention_rows_refuses_rows_that_do_not_add_up():
         core().attention_rows(q, [k, k], [v, v], [1, 2], [True, True], 0.1)
     with pytest.raises(ValueError, match="one key, value"):
         core().attention_rows(q, [k], [v, v], [4], [True], 0.1)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 32, 40])
+def test_linears_give_each_projection_its_bits(rows):
+    """q/k/v (or gate/up) projections of one input in one node equal the Linear twin's and
+    nn.Linear's outputs, with and without biases, past the routed kernel's rows too."""
+    import mlx.nn as nn
+
+    from adaspec.kernels import layers
+
+    mx.random.seed(rows)
+    stock = [nn.Linear(96, n, bias=b) for n, b in ((64, True), (32, False), (48, True))]
+    twins = [layers._twin(m) for m in stock]
+    x = mx.random.normal((1, rows, 96))
+    outs = core().linears(x, [m.weight for m in stock], [m.get("bias") for m in stock])
+    assert len(outs) == 3
+    for out, m, t in zip(outs, stock, twins):
+        assert same_bits(out, m(x)) and same_bits(out, t(x))
+    with pytest.raises(ValueError, match="x's K"):
+        core().linears(x, [mx.zeros((4, 95))], [None])
