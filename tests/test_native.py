@@ -156,3 +156,27 @@ def test_linears_give_each_projection_its_bits(rows):
         assert same_bits(out, m(x)) and same_bits(out, t(x))
     with pytest.raises(ValueError, match="x's K"):
         core().linears(x, [mx.zeros((4, 95))], [None])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_mlp_twins_keep_the_logits_and_come_off(arch):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from adaspec.kernels import native_layers
+
+    model, fresh = tiny_model(arch), tiny_model(arch)
+    mlps = [m for _, m in model.named_modules() if type(m).__name__ == "MLP"]
+    assert native_layers.install(model) == len(mlps) > 0
+    assert native_layers.install(model) == 0  # once only
+    tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    for chunk in (tokens[:, :9], tokens[:, 9:10], tokens[:, 10:]):  # prefill, then steps
+        out = model(chunk, cache=c1)
+        dot = io.StringIO()
+        mx.export_to_dot(dot, out)
+        assert "Linears" in dot.getvalue()
+        assert same_bits(out, fresh(chunk, cache=c2))
+    assert native_layers.uninstall(model) == len(mlps)
+    stock = [m for _, m in fresh.named_modules() if type(m).__name__ == "MLP"]
+    assert all(type(m) is type(f) for m, f in zip(mlps, stock))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, layers, mlx_lm_generate
+from . import attention, blas, layers, mlx_lm_generate, native_layers
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class Installed:
     attention_modules: list[str]  # mlx-lm model modules whose attention is routed
     layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
     generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
+    native_mlps: int = 0  # MLPs whose gate and up projections run in one native node
 
 
 def install(model: Any) -> Installed:
@@ -23,4 +24,8 @@ def install(model: Any) -> Installed:
     enabled (attention.enabled: the JIT wrapper is active and the device is the CPU)."""
     if not attention.enabled():
         return Installed([], 0)
-    return Installed(attention.install(model), layers.install(model), mlx_lm_generate.install())
+    routed = attention.install(model)
+    twins = layers.install(model)
+    loop = mlx_lm_generate.install()
+    mlps = native_layers.install(model) if blas.routed() else 0
+    return Installed(routed, twins, loop, mlps)
