@@ -8,11 +8,12 @@ real model at a given context (docs/fast_ops.md, "Cost").
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`no-native` as `twins` without adaspec's native primitives (kernels/native.py: attention,
-the MLP's gate and up projections in one node each), `stock-linear` with mlx's nn.Linear in
-place of the Linear twin, `stock` with every twin and the attention path replaced by stock mlx-lm modules (mlx's JIT kernels
-stay ours). Figures are medians over rounds; CPU times come from the kernel's per-thread
-accounting (schedstat), which other jobs on the machine do not inflate, unlike wall times.
+`no-native` as `twins` without adaspec's native primitives (kernels/native.py: attention, the
+MLP's gate and up projections in one node each), `stock-linear` with mlx's nn.Linear in place
+of the Linear twin, `stock` with every twin and the attention path replaced by stock mlx-lm
+modules (mlx's JIT kernels stay ours). Figures are medians over rounds; CPU times come from the
+kernel's per-thread accounting (schedstat), which other jobs on the machine do not inflate,
+unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
