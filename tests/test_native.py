@@ -180,3 +180,57 @@ def test_mlp_twins_keep_the_logits_and_come_off(arch):
     assert native_layers.uninstall(model) == len(mlps)
     stock = [m for _, m in fresh.named_modules() if type(m).__name__ == "MLP"]
     assert all(type(m) is type(f) for m, f in zip(mlps, stock))
+
+
+def _cache_with(rng, kv_heads, context, dim=64):
+    from mlx_lm.models.cache import KVCache
+
+    a, b = KVCache(), KVCache()
+    keys = mx.array(rng.standard_normal((1, kv_heads, context, dim)).astype(np.float32))
+    values = mx.array(rng.standard_normal((1, kv_heads, context, dim)).astype(np.float32))
+    a.update_and_fetch(keys, values), b.update_and_fetch(keys, values)
+    return a, b
+
+
+@pytest.mark.parametrize("contexts,rows", [([200], [1]), ([10], [8]), ([255], [1]),
+                                           ([100, 7, 31], [3, 1, 8])])  # fmt: skip
+def test_attention_cache_writes_and_attends_as_mlx_lm(contexts, rows):
+    """Cache writes and attention of several sequences in one node: the outputs and every
+    cache's contents equal mlx-lm's update_and_fetch followed by mlx's fast SDPA."""
+    rng = np.random.default_rng(sum(contexts))
+    pairs = [_cache_with(rng, 3, c) for c in contexts]
+
+    def rows_of(heads, n):
+        x = rng.standard_normal((1, n, heads, 64)).astype(np.float32)
+        return mx.array(x).transpose(0, 2, 1, 3)
+
+    qs, ks, vs = ([rows_of(h, n) for n in rows] for h in (9, 3, 3))
+    refs = []
+    for (ref, _), q, k, v, n in zip(pairs, qs, ks, vs, rows):
+        keys, values = ref.update_and_fetch(k, v)
+        mask = "causal" if n > 1 else None
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=mask)
+        refs.append(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+    ours = [c for _, c in pairs]
+    offsets = [c.offset for c in ours]
+    fold = [attention._folds(3 * n, c.keys[:, :, : o + n]) for n, o, c in zip(rows, offsets, ours)]
+    out = core().attention_cache(
+        *(mx.concatenate(a, axis=2) for a in (qs, ks, vs)),
+        [c.keys for c in ours], [c.values for c in ours], rows, offsets, fold, 0.125,
+    )  # fmt: skip
+    for i, c in enumerate(ours):
+        c.keys, c.values, c.offset = out[1 + 2 * i], out[2 + 2 * i], c.offset + rows[i]
+    assert same_bits(out[0], mx.concatenate(refs, axis=1))
+    for (ref, _), c in zip(pairs, ours):
+        assert c.offset == ref.offset
+        assert same_bits(c.keys[..., : c.offset, :], ref.keys[..., : ref.offset, :])
+        assert same_bits(c.values[..., : c.offset, :], ref.values[..., : ref.offset, :])
+
+
+def test_attention_cache_refuses_a_buffer_without_room():
+    rng = np.random.default_rng(1)
+    _, c = _cache_with(rng, 3, 250)
+    q = mx.zeros((1, 9, 8, 64))
+    k = mx.zeros((1, 3, 8, 64))
+    with pytest.raises(ValueError, match="room for offset"):
+        core().attention_cache(q, k, k, [c.keys], [c.values], [8], [250], [True], 0.1)

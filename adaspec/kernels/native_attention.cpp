@@ -335,6 +335,147 @@ class Linears : public Primitive {
   std::vector<bool> bias_;
 };
 
+// Several sequences' KV cache writes and attention in one node. Inputs: q [1, Hq, M, D], the
+// new keys k [1, Hk, M, D] and values v [1, Hk, M, Dv] of all M rows, then per sequence its
+// cache buffers kb [1, Hk, cap, D] and vb [1, Hk, cap, Dv] (mlx-lm's KVCache.keys / values).
+// Sequence i owns rows first_i .. +n_i: they are written at positions offset_i .. of its
+// buffers (in place when mlx may donate the old buffer, as its SliceUpdate does; else into a
+// copy), and its attention reads keys 0 .. offset_i + n_i of the result, exactly as sdpa on
+// mlx-lm's `update_and_fetch` views. Outputs: [1, M, Hq * Dv] (o_proj's input), then every
+// sequence's new kb, vb.
+class AttentionCache : public Primitive {
+ public:
+  AttentionCache(Stream s, float scale, std::vector<int> first, std::vector<int> rows,
+                 std::vector<int> offsets, std::vector<bool> fold)
+      : Primitive(s), scale_(scale), first_(first), rows_(rows), offsets_(offsets),
+        fold_(fold) {}
+
+  void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
+    check_last_axis({in[0], in[1], in[2]});
+    auto& out = outs[0];
+    out.set_data(allocator::malloc(out.nbytes()));
+    size_t n = first_.size();
+    struct Copy {
+      const float* src;
+      float* dst;
+      size_t count;
+    };
+    std::vector<Copy> copies;  // buffers that could not be donated: copied before writing
+    for (size_t j = 0; j < 2 * n; j++) {
+      auto& src = in[3 + j];
+      auto& dst = outs[1 + j];
+      if (!src.flags().row_contiguous) throw std::runtime_error("attention_cache: buffer");
+      if (src.is_donatable()) {
+        dst.copy_shared_buffer(src);
+      } else {
+        dst.set_data(allocator::malloc(dst.nbytes()));
+        copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
+      }
+    }
+    int hq = static_cast<int>(in[0].shape(1)), hk = static_cast<int>(in[1].shape(1));
+    int d = static_cast<int>(in[1].shape(3)), dv = static_cast<int>(in[2].shape(3));
+    std::vector<Shape4> shapes;
+    std::vector<View> views;
+    std::vector<float*> bufs;
+    std::vector<int> caps;
+    for (size_t i = 0; i < n; i++) {
+      int cap = static_cast<int>(outs[1 + 2 * i].shape(2));
+      caps.push_back(cap);
+      shapes.push_back({1, hq, hk, 0, offsets_[i] + rows_[i], d, dv});
+      for (int j = 0; j < 2; j++) {
+        auto& b = outs[1 + 2 * i + j];
+        bufs.push_back(b.data<float>());
+        views.push_back({b.data<float>(), b.strides()[0], b.strides()[1], b.strides()[2], 1});
+      }
+    }
+    View q = view(in[0]), kn = view(in[1]), vn = view(in[2]);
+    Out o{out.data<float>(), dv, int64_t{hq} * dv};
+    auto& enc = cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    for (auto& a : outs) enc.set_output_array(a);
+    enc.dispatch([=, first = first_, rows = rows_, offsets = offsets_, fold = fold_,
+                  scale = scale_]() {
+      for (auto& c : copies) std::memcpy(c.dst, c.src, sizeof(float) * c.count);
+      for (size_t i = 0; i < first.size(); i++) {
+        for (int h = 0; h < hk; h++)
+          for (int l = 0; l < rows[i]; l++) {
+            size_t at = (static_cast<size_t>(h) * caps[i] + offsets[i] + l);
+            const float* ks = kn.at(0, h, first[i] + l);
+            const float* vs = vn.at(0, h, first[i] + l);
+            std::memcpy(bufs[2 * i] + at * d, ks, sizeof(float) * d);
+            std::memcpy(bufs[2 * i + 1] + at * dv, vs, sizeof(float) * dv);
+          }
+        heads(shapes[i], first[i], rows[i], q, views[2 * i], views[2 * i + 1], scale,
+              rows[i] > 1, fold[i], 0, o);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("attention_cache: CPU only");
+  }
+  const char* name() const override { return "AttentionCache"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const AttentionCache&>(other);
+    return scale_ == o.scale_ && first_ == o.first_ && rows_ == o.rows_ &&
+           offsets_ == o.offsets_ && fold_ == o.fold_;
+  }
+
+ private:
+  float scale_;
+  std::vector<int> first_, rows_, offsets_;
+  std::vector<bool> fold_;
+};
+
+std::vector<array> attention_cache(const array& q, const array& k, const array& v,
+                                   const std::vector<array>& kbufs,
+                                   const std::vector<array>& vbufs, const std::vector<int>& rows,
+                                   const std::vector<int>& offsets,
+                                   const std::vector<bool>& fold, float scale,
+                                   StreamOrDevice s) {
+  size_t n = rows.size();
+  if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
+      fold.size() != n)
+    throw std::invalid_argument("attention_cache: accepted: one key buffer, value buffer, "
+                                "row count, offset and fold flag per sequence");
+  for (auto* a : {&q, &k, &v})
+    if (a->ndim() != 4 || a->dtype() != float32 || a->shape(0) != 1)
+      throw std::invalid_argument("attention_cache: accepted: q, k, v fp32 [1, heads, M, D]");
+  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || v.shape(1) != k.shape(1) ||
+      k.shape(2) != q.shape(2) || v.shape(2) != q.shape(2) || k.shape(3) != q.shape(3))
+    throw std::invalid_argument("attention_cache: accepted: q [1,Hq,M,D], k [1,Hk,M,D], "
+                                "v [1,Hk,M,Dv], Hq a multiple of Hk");
+  std::vector<int> first;
+  std::vector<array> inputs{q, k, v};
+  std::vector<Shape> shapes{{1, q.shape(2), q.shape(1) * v.shape(3)}};
+  int at = 0;
+  for (size_t i = 0; i < n; i++) {
+    auto &kb = kbufs[i], &vb = vbufs[i];
+    bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
+              vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
+              kb.shape(1) == k.shape(1) && vb.shape(1) == k.shape(1) &&
+              kb.shape(3) == k.shape(3) && vb.shape(3) == v.shape(3) &&
+              kb.shape(2) == vb.shape(2) && rows[i] > 0 && offsets[i] >= 0 &&
+              offsets[i] + rows[i] <= kb.shape(2);
+    if (!ok)
+      throw std::invalid_argument("attention_cache: accepted: buffers [1,Hk,cap,D] and "
+                                  "[1,Hk,cap,Dv] with room for offset + rows");
+    first.push_back(at);
+    at += rows[i];
+    inputs.push_back(kb);
+    inputs.push_back(vb);
+    shapes.push_back(kb.shape());
+    shapes.push_back(vb.shape());
+  }
+  if (at != q.shape(2))
+    throw std::invalid_argument("attention_cache: the row counts must add up to q's rows");
+  std::vector<Dtype> dtypes(shapes.size(), float32);
+  return array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold),
+      std::move(inputs));
+}
+
 std::vector<array> linears(const array& x, const std::vector<array>& weights,
                            const std::vector<std::optional<array>>& biases, StreamOrDevice s) {
   if (weights.empty() || biases.size() != weights.size())
@@ -371,6 +512,9 @@ NB_MODULE(_adaspec_native, m) {
         nb::arg("stream") = nb::none());
   m.def("linears", &linears, nb::arg("x"), nb::arg("weights"), nb::arg("biases"),
         nb::kw_only(), nb::arg("stream") = nb::none());
+  m.def("attention_cache", &attention_cache, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("key_buffers"), nb::arg("value_buffers"), nb::arg("rows"), nb::arg("offsets"),
+        nb::arg("fold"), nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
   m.def("attention_rows", &attention_rows, nb::arg("q"), nb::arg("keys"), nb::arg("values"),
         nb::arg("rows"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());
