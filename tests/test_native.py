@@ -159,14 +159,15 @@ def test_linears_give_each_projection_its_bits(rows):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_mlp_twins_keep_the_logits_and_come_off(arch):
+def test_mlp_and_attention_twins_keep_the_logits_and_come_off(arch):
     from mlx_lm.models.cache import make_prompt_cache
     from tiny import tiny_model
 
-    from adaspec.kernels import native_layers
+    from adaspec.kernels import layers, native_layers
 
     model, fresh = tiny_model(arch), tiny_model(arch)
-    mlps = [m for _, m in model.named_modules() if type(m).__name__ == "MLP"]
+    layers.install(model)  # the RoPE twin's angles are what the native attention reads
+    mlps = [m for _, m in model.named_modules() if type(m).__name__ in ("MLP", "Attention")]
     assert native_layers.install(model) == len(mlps) > 0
     assert native_layers.install(model) == 0  # once only
     tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
@@ -176,9 +177,13 @@ def test_mlp_twins_keep_the_logits_and_come_off(arch):
         dot = io.StringIO()
         mx.export_to_dot(dot, out)
         assert "Linears" in dot.getvalue()
+        if chunk.shape[1] < 9:  # after the prefill grew the cache: RoPE, cache and attention
+            assert "AttentionCache" in dot.getvalue() and "SliceUpdate" not in dot.getvalue()
         assert same_bits(out, fresh(chunk, cache=c2))
+        assert c1[0].offset == c2[0].offset
+        assert same_bits(c1[0].keys[..., : c1[0].offset, :], c2[0].keys[..., : c2[0].offset, :])
     assert native_layers.uninstall(model) == len(mlps)
-    stock = [m for _, m in fresh.named_modules() if type(m).__name__ == "MLP"]
+    stock = [m for _, m in fresh.named_modules() if type(m).__name__ in ("MLP", "Attention")]
     assert all(type(m) is type(f) for m, f in zip(mlps, stock))
 
 

@@ -1,10 +1,18 @@
-"""mlx-lm modules whose projections of one input run in one graph node (kernels/native.py,
-`linears`): the MLP's gate and up projections. `install` changes the class of each covered
-instance (llama, qwen2, qwen3 `MLP`) to a subclass made once per class, whose `__call__` runs
-the module's own arithmetic (`down_proj(swiglu(gate, up))`, the same `swiglu` the module's
-source calls) with gate and up from one native node, and the module's own `__call__` wherever
-the native path does not apply (no extension, a sharded or quantized projection, an input
-other than fp32 [1, M, K]). `uninstall` gives the instances their classes back.
+"""mlx-lm modules whose work runs in few graph nodes of adaspec's own (kernels/native.py):
+
+- the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
+  (the function its source calls) and `down_proj`;
+- attention: q, k and v projections in one node (`linears`), then (after the module's q/k
+  norms, where it has them) RoPE, the KV cache write and attention in one more
+  (`rope_attention_cache`: ExactRoPE's arithmetic, mlx-lm's KVCache layout and sdpa's), then
+  the module's `o_proj`; the cache is left as its `update_and_fetch` leaves it.
+
+`install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
+`Attention`) to a subclass made once per class, whose `__call__` takes the module's own
+`__call__` wherever the native path does not apply (no extension, sharded or quantized
+projections, a cache other than a plain KVCache with room for the rows, an array mask, a
+batch of more than one, another dtype or RoPE). `uninstall` gives the instances their
+classes back. Tests: tests/test_native.py, tests/test_ops_layers.py (SmolLM2, bit for bit).
 """
 
 from __future__ import annotations
@@ -15,11 +23,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import native
+from . import attention, native
 from .layers import ExactLinear
+from .layers import ExactRoPE as ExactRope
 
-COVERED = {("mlx_lm.models.llama", "MLP"), ("mlx_lm.models.qwen2", "MLP"),
-           ("mlx_lm.models.qwen3", "MLP")}  # fmt: skip
+MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+COVERED = {(m, c) for m in MODULES for c in ("MLP", "Attention")}
 PLAIN = (nn.Linear, ExactLinear)
 
 
@@ -41,21 +50,83 @@ def _pair(mlp: Any, x: mx.array) -> list[mx.array] | None:
     return core.linears(x, [gate["weight"], up["weight"]], [gate.get("bias"), up.get("bias")])
 
 
+def _room(cache: Any, rows: int) -> bool:
+    """a plain KVCache whose buffers hold `rows` more (else its update_and_fetch grows them)"""
+    from mlx_lm.models.cache import KVCache
+
+    keys = getattr(cache, "keys", None) if type(cache) is KVCache else None
+    return (
+        keys is not None
+        and cache.values is not None
+        and keys.dtype == mx.float32
+        and cache.offset + rows <= keys.shape[2]
+    )
+
+
+def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
+    """The attention block in two native nodes and o_proj, or None where that does not apply"""
+    rows = x.shape[1] if x.ndim == 3 else 0
+    rope = getattr(attn, "rope", None)
+    if (
+        x.ndim != 3
+        or x.shape[0] != 1
+        or x.dtype != mx.float32
+        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
+        or type(rope) is not ExactRope
+        or rope.traditional
+        or not all(_plain(attn[p]) for p in ("q_proj", "k_proj", "v_proj"))
+        or not _room(cache, rows)
+    ):
+        return None
+    core = native.get()
+    if core is None:
+        return None
+    projs = [attn[p] for p in ("q_proj", "k_proj", "v_proj")]
+    q, k, v = core.linears(x, [p["weight"] for p in projs], [p.get("bias") for p in projs])
+    if "q_norm" in attn:  # qwen3: per-head norms before RoPE, as its source applies them
+        q = attn.q_norm(q.reshape(1, rows, attn.n_heads, -1))
+        k = attn.k_norm(k.reshape(1, rows, attn.n_kv_heads, -1))
+    cos, sin = rope._cos_sin(cache.offset, rows)
+    keys = cache.offset + rows
+    rep = attn.n_heads // attn.n_kv_heads
+    fold = rep > 1 and attention.folds(rep * rows, keys, cache.keys.shape[-1])
+    out, kb, vb = core.rope_attention_cache(
+        q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads, [cache.keys],
+        [cache.values], [rows], [cache.offset], [fold], attn.scale,
+    )  # fmt: skip
+    cache.keys, cache.values = kb, vb
+    cache.offset += rows
+    return attn.o_proj(out)
+
+
 _twins: dict[type, type] = {}
+
+
+def _mlp_call(cls: type) -> Any:
+    swiglu = sys.modules[cls.__module__].swiglu
+
+    def __call__(self, x: mx.array) -> mx.array:  # noqa: N807
+        pair = _pair(self, x)
+        if pair is None:
+            return cls.__call__(self, x)
+        return self.down_proj(swiglu(*pair))
+
+    return __call__
+
+
+def _attention_call(cls: type) -> Any:
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:  # noqa: N807
+        out = _attend(self, x, mask, cache)
+        return cls.__call__(self, x, mask, cache) if out is None else out
+
+    return __call__
 
 
 def _twin_class(cls: type) -> type:
     hit = _twins.get(cls)
     if hit is None:
-        swiglu = sys.modules[cls.__module__].swiglu
-
-        def __call__(self, x: mx.array) -> mx.array:  # noqa: N807
-            pair = _pair(self, x)
-            if pair is None:
-                return cls.__call__(self, x)
-            return self.down_proj(swiglu(*pair))
-
-        hit = _twins[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "_native": cls})
+        call = _mlp_call(cls) if cls.__name__ == "MLP" else _attention_call(cls)
+        hit = _twins[cls] = type(cls.__name__, (cls,), {"__call__": call, "_native": cls})
     return hit
 
 
