@@ -9,6 +9,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -31,11 +32,13 @@ namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
-// mlx's exp (backend/cpu/simd/math.h) one lane at a time: the same operations in the
-// same order and precision; the fused multiply-adds round once, as std::fma does.
+// mlx's exp (backend/cpu/simd/math.h): the same operations in the same order and precision;
+// the fused multiply-adds round once, as std::fma does. mlx rounds x + 0.5 in double before
+// the floor; in float it is the same value wherever the result is not replaced by a select
+// below (|x0| <= 88 keeps |x| < 128, where adding 0.5 is exact), so the loop can vectorize.
 inline float exp_as_mlx(float x0) {
   float x = x0 * 1.442695f;
-  float ipart = static_cast<float>(std::floor(static_cast<double>(x) + 0.5));
+  float ipart = std::floor(x + 0.5f);
   float fpart = x - ipart;
   float p = 1.535336188319500e-4f;
   p = std::fma(p, fpart, 1.339887440266574e-3f);
@@ -44,18 +47,24 @@ inline float exp_as_mlx(float x0) {
   p = std::fma(p, fpart, 2.402264791363012e-1f);
   p = std::fma(p, fpart, 6.931472028550421e-1f);
   p = std::fma(p, fpart, 1.000000000000000f);
-  int bits = (static_cast<int>(ipart) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  float r = std::isnan(x0) ? x0 : scale * p;
+  float r = std::bit_cast<float>((static_cast<int>(ipart) + 127) << 23) * p;
+  r = x0 != x0 ? x0 : r;
   r = x0 > 88.0f ? INFINITY : r;
   return x0 < -88.0f ? 0.0f : r;
 }
 
 // softmax.py's softmax of one row in place: max, exp(x - max), sum from the left, * (1/sum)
 void softmax_row(float* s, int n) {
-  float m = s[0];
-  for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+  // the row max in 16 lanes (a maximum's value does not depend on the order it is taken in;
+  // of +0 and -0 either may come out, and exp(x - (+0)) == exp(x - (-0)))
+  float lanes[16];
+  for (int c = 0; c < 16; c++) lanes[c] = s[0];
+  int j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int c = 0; c < 16; c++) lanes[c] = s[j + c] > lanes[c] ? s[j + c] : lanes[c];
+  float m = lanes[0];
+  for (int c = 1; c < 16; c++) m = lanes[c] > m ? lanes[c] : m;
+  for (; j < n; j++) m = s[j] > m ? s[j] : m;
   for (int j = 0; j < n; j++) s[j] = exp_as_mlx(s[j] - m);
   float total = 0.0f;
   for (int j = 0; j < n; j++) total += s[j];
