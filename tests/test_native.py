@@ -239,3 +239,37 @@ def test_attention_cache_refuses_a_buffer_without_room():
     k = mx.zeros((1, 3, 8, 64))
     with pytest.raises(ValueError, match="room for offset"):
         core().attention_cache(q, k, k, [c.keys], [c.values], [8], [250], [True], 0.1)
+
+
+def test_attend_rows_gives_each_sequence_its_solo_attention():
+    """Several sequences' rows through one layer's attention in two native nodes: each
+    sequence's output rows and cache equal mlx-lm's stock attention run on it alone."""
+    from mlx_lm.models.cache import KVCache
+    from tiny import tiny_model
+
+    from adaspec.kernels import layers, native_layers
+
+    model, fresh = tiny_model("llama"), tiny_model("llama")
+    layers.install(model)
+    attn, stock = model.model.layers[0].self_attn, fresh.model.layers[0].self_attn
+    rng = np.random.default_rng(3)
+    hidden = model.model.layers[0].self_attn.q_proj.weight.shape[1]
+    rows, contexts = [1, 4, 2], [7, 30, 1]
+    ours, refs, outs = [], [], []
+    for n, ctx in zip(rows, contexts):
+        a, b = KVCache(), KVCache()
+        pre = mx.array(rng.standard_normal((1, ctx, hidden)).astype(np.float32))
+        attn(pre, "causal" if ctx > 1 else None, a), stock(pre, "causal" if ctx > 1 else None, b)
+        x = mx.array(rng.standard_normal((1, n, hidden)).astype(np.float32))
+        outs.append(stock(x, "causal" if n > 1 else None, b))
+        ours.append((a, x))
+        refs.append(b)
+    angles = [attn.rope._cos_sin(c.offset, n) for (c, _), n in zip(ours, rows)]
+    cos = mx.concatenate([c for c, _ in angles])
+    sin = mx.concatenate([s for _, s in angles])
+    x = mx.concatenate([x for _, x in ours], axis=1)
+    out = native_layers.attend_rows(attn, x, [c for c, _ in ours], rows, cos, sin)
+    assert out is not None and same_bits(out, mx.concatenate(outs, axis=1))
+    for (c, _), r in zip(ours, refs):
+        assert c.offset == r.offset
+        assert same_bits(c.keys[..., : c.offset, :], r.keys[..., : r.offset, :])

@@ -65,17 +65,33 @@ def _room(cache: Any, rows: int) -> bool:
 
 def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
     """The attention block in two native nodes and o_proj, or None where that does not apply"""
+    if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return None
     rows = x.shape[1] if x.ndim == 3 else 0
+    rope = getattr(attn, "rope", None)
+    if type(rope) is not ExactRope or rope.traditional or not _room(cache, rows):
+        return None
+    cos, sin = rope._cos_sin(cache.offset, rows)
+    return attend_rows(attn, x, [cache], [rows], cos, sin)
+
+
+def attend_rows(
+    attn: Any, x: mx.array, caches: list[Any], rows: list[int], cos: mx.array, sin: mx.array
+) -> mx.array | None:
+    """`attn` (an mlx-lm Attention with an ExactRoPE) over x's rows [1, M, hidden], the
+    rows[i] rows of sequence i (in order) against caches[i], each at its own positions (cos
+    and sin [M, dims / 2]: every row's angles), in two native nodes: q/k/v, then RoPE, the
+    cache writes and attention; o_proj's output for all rows, the caches left as their
+    update_and_fetch leaves them. None where that does not apply (nothing is changed then)."""
     rope = getattr(attn, "rope", None)
     if (
         x.ndim != 3
         or x.shape[0] != 1
         or x.dtype != mx.float32
-        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
         or type(rope) is not ExactRope
         or rope.traditional
         or not all(_plain(attn[p]) for p in ("q_proj", "k_proj", "v_proj"))
-        or not _room(cache, rows)
+        or not all(_room(c, n) for c, n in zip(caches, rows))
     ):
         return None
     core = native.get()
@@ -83,19 +99,21 @@ def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
         return None
     projs = [attn[p] for p in ("q_proj", "k_proj", "v_proj")]
     q, k, v = core.linears(x, [p["weight"] for p in projs], [p.get("bias") for p in projs])
+    m = x.shape[1]
     if "q_norm" in attn:  # qwen3: per-head norms before RoPE, as its source applies them
-        q = attn.q_norm(q.reshape(1, rows, attn.n_heads, -1))
-        k = attn.k_norm(k.reshape(1, rows, attn.n_kv_heads, -1))
-    cos, sin = rope._cos_sin(cache.offset, rows)
-    keys = cache.offset + rows
+        q = attn.q_norm(q.reshape(1, m, attn.n_heads, -1))
+        k = attn.k_norm(k.reshape(1, m, attn.n_kv_heads, -1))
     rep = attn.n_heads // attn.n_kv_heads
-    fold = rep > 1 and attention.folds(rep * rows, keys, cache.keys.shape[-1])
-    out, kb, vb = core.rope_attention_cache(
-        q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads, [cache.keys],
-        [cache.values], [rows], [cache.offset], [fold], attn.scale,
+    dim = caches[0].keys.shape[-1]
+    offsets = [c.offset for c in caches]
+    fold = [rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)]
+    out, *buffers = core.rope_attention_cache(
+        q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads,
+        [c.keys for c in caches], [c.values for c in caches], rows, offsets, fold, attn.scale,
     )  # fmt: skip
-    cache.keys, cache.values = kb, vb
-    cache.offset += rows
+    for i, c in enumerate(caches):
+        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
+        c.offset += rows[i]
     return attn.o_proj(out)
 
 
