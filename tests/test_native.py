@@ -273,3 +273,32 @@ def test_attend_rows_gives_each_sequence_its_solo_attention():
     for (c, _), r in zip(ours, refs):
         assert c.offset == r.offset
         assert same_bits(c.keys[..., : c.offset, :], r.keys[..., : r.offset, :])
+
+
+def test_gradients_through_the_native_nodes_are_mlx_ones():
+    """A drafter trained through them (DFlash calls attention.fast_sdpa) gets the gradients
+    of mlx's own attention and matmuls."""
+    q, k, v = qkv(9, 9, 3, 4, 40)
+    w = mx.random.normal((1, 9, 4, 64))
+
+    def ours(q, k, v):
+        return (core().attention_core(q, k, v, 0.125, True, True) * w).sum()
+
+    def stock(q, k, v):
+        return (mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal") * w).sum()
+
+    for a, b in zip(mx.grad(ours, (0, 1, 2))(q, k, v), mx.grad(stock, (0, 1, 2))(q, k, v)):
+        assert same_bits(a, b)
+    x, w1, w2, b2 = (mx.random.normal(s) for s in ((1, 3, 16), (8, 16), (5, 16), (5,)))
+
+    def lin(x, w1, w2, b2):
+        y1, y2 = core().linears(x, [w1, w2], [None, b2])
+        return (y1 * y1).sum() + (y2 * 3).sum()
+
+    def ref(x, w1, w2, b2):
+        return ((x @ w1.T) ** 2).sum() + ((x @ w2.T + b2) * 3).sum()
+
+    for a, b in zip(
+        mx.grad(lin, (0, 1, 2, 3))(x, w1, w2, b2), mx.grad(ref, (0, 1, 2, 3))(x, w1, w2, b2)
+    ):
+        assert np.allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-5)

@@ -19,7 +19,9 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
+#include "mlx/fast.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 
 namespace nb = nanobind;
 using namespace mlx::core;
@@ -145,6 +147,12 @@ void check_last_axis(const std::vector<array>& in) {
     if (a.strides()[3] != 1) throw std::runtime_error("attention: last axis strided");
 }
 
+std::vector<array> pick(const std::vector<array>& grads, const std::vector<int>& argnums) {
+  std::vector<array> out;
+  for (int a : argnums) out.push_back(grads[a]);
+  return out;
+}
+
 class AttentionCore : public Primitive {
  public:
   AttentionCore(Stream s, float scale, bool causal, bool fold)
@@ -175,6 +183,16 @@ class AttentionCore : public Primitive {
 
   void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
     throw std::runtime_error("attention_core: CPU only");
+  }
+  // Gradients (training a drafter through it): those of mlx's own SDPA, which this computes.
+  std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
+                         const std::vector<int>& argnums, const std::vector<array>&) override {
+    auto fn = [this](const std::vector<array>& in) -> std::vector<array> {
+      return {fast::scaled_dot_product_attention(in[0], in[1], in[2], scale_,
+                                                 causal_ ? "causal" : "", {}, {}, false,
+                                                 stream())};
+    };
+    return pick(mlx::core::vjp(fn, primals, cotangents).second, argnums);
   }
   const char* name() const override { return "AttentionCore"; }
   bool is_equivalent(const Primitive& other) const override {
@@ -334,6 +352,20 @@ class Linears : public Primitive {
 
   void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
     throw std::runtime_error("linears: CPU only");
+  }
+  // Gradients: those of the matmuls (and bias additions) this computes.
+  std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
+                         const std::vector<int>& argnums, const std::vector<array>&) override {
+    auto fn = [this](const std::vector<array>& in) -> std::vector<array> {
+      std::vector<array> outs;
+      size_t at = 1;
+      for (size_t i = 0; i < bias_.size(); i++) {
+        auto y = matmul(in[0], transpose(in[at++], stream()), stream());
+        outs.push_back(bias_[i] ? add(y, in[at++], stream()) : y);
+      }
+      return outs;
+    };
+    return pick(mlx::core::vjp(fn, primals, cotangents).second, argnums);
   }
   const char* name() const override { return "Linears"; }
   bool is_equivalent(const Primitive& other) const override {
