@@ -302,3 +302,28 @@ def test_gradients_through_the_native_nodes_are_mlx_ones():
         mx.grad(lin, (0, 1, 2, 3))(x, w1, w2, b2), mx.grad(ref, (0, 1, 2, 3))(x, w1, w2, b2)
     ):
         assert np.allclose(np.array(a), np.array(b), rtol=1e-5, atol=1e-5)
+
+
+def test_cache_buffers_are_written_in_place_only_when_nothing_else_holds_them():
+    """As mlx's SliceUpdate: a buffer only this node holds is written in place (no copy per
+    decoding step); one held elsewhere is copied first, and the holder sees it unchanged."""
+    rng = np.random.default_rng(2)
+    _, c = _cache_with(rng, 3, 40)
+    q = mx.array(rng.standard_normal((1, 9, 1, 64)).astype(np.float32))
+    k = mx.array(rng.standard_normal((1, 3, 1, 64)).astype(np.float32))
+    held = c.keys
+    before = np.array(held)
+    copies = core().buffer_copies()
+    out = core().attention_cache(q, k, k, [c.keys], [c.values], [1], [c.offset], [True], 0.1)
+    c.keys, c.values, c.offset = out[1], out[2], c.offset + 1
+    mx.eval(out[0])
+    assert core().buffer_copies() == copies + 1  # the keys: held; the values: donated
+    assert np.array_equal(np.array(held), before)
+    del held, out
+    for _ in range(3):  # steady decoding: nothing else holds the buffers
+        copies = core().buffer_copies()
+        out = core().attention_cache(q, k, k, [c.keys], [c.values], [1], [c.offset], [True], 0.1)
+        c.keys, c.values, c.offset = out[1], out[2], c.offset + 1
+        mx.eval(out[0])
+        del out
+        assert core().buffer_copies() == copies

@@ -9,6 +9,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <atomic>
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -33,6 +34,7 @@ extern "C" void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, i
 namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+std::atomic<long> buffer_copies{0};  // cache buffers copied because mlx could not donate them
 
 // mlx's exp (backend/cpu/simd/math.h): the same operations in the same order and precision;
 // the fused multiply-adds round once, as std::fma does. mlx rounds x + 0.5 in double before
@@ -396,6 +398,18 @@ void rotate(const float* x, const float* c, const float* s, int dims, int d, flo
   for (int j = dims; j < d; j++) out[j] = x[j];
 }
 
+// Whether the node may write into input `a`'s buffer, as mlx's SliceUpdate does when it may
+// donate it: nothing else holds the buffer and no array but this node's references `a`.
+// array::is_donatable asks for one reference to `a`, but mlx gives each output of a
+// multi-output node its own copy of the inputs, so here there are `outputs` of them.
+// An array is one shared pointer to its descriptor (asserted), read for its count.
+bool donatable(const array& a, size_t outputs) {
+  static_assert(sizeof(array) == sizeof(std::shared_ptr<void>));
+  auto& desc = *reinterpret_cast<const std::shared_ptr<void>*>(&a);
+  return desc.use_count() == static_cast<long>(outputs) && a.data_shared_ptr().use_count() == 1 &&
+         a.data_shared_ptr()->is_owned();
+}
+
 // Several sequences' KV cache writes and attention in one node. Inputs: q [1, Hq, M, D], the
 // new keys k [1, Hk, M, D] and values v [1, Hk, M, Dv] of all M rows, then per sequence its
 // cache buffers kb [1, Hk, cap, D] and vb [1, Hk, cap, Dv] (mlx-lm's KVCache.keys / values).
@@ -427,9 +441,10 @@ class AttentionCache : public Primitive {
       auto& src = in[bufs_at + j];
       auto& dst = outs[1 + j];
       if (!src.flags().row_contiguous) throw std::runtime_error("attention_cache: buffer");
-      if (src.is_donatable()) {
+      if (donatable(src, outs.size())) {
         dst.copy_shared_buffer(src);
       } else {
+        buffer_copies++;
         dst.set_data(allocator::malloc(dst.nbytes()));
         copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
       }
@@ -666,6 +681,7 @@ NB_MODULE(_adaspec_native, m) {
   m.def("attention_core", &attention_core, nb::arg("q"), nb::arg("k"), nb::arg("v"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("fold"), nb::kw_only(),
         nb::arg("stream") = nb::none());
+  m.def("buffer_copies", []() { return buffer_copies.load(); });
   m.def("linears", &linears, nb::arg("x"), nb::arg("weights"), nb::arg("biases"),
         nb::kw_only(), nb::arg("stream") = nb::none());
   m.def("attention_cache", &attention_cache, nb::arg("q"), nb::arg("k"), nb::arg("v"),
