@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import TargetError
+from . import batch_attention
 from .base import Forward, layer_list, layer_output, model_type, spying
 from .kv import KVTarget
 
@@ -87,15 +88,47 @@ class _SplitAttention:
         return o_proj(mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0])
 
 
+class _SharedAttention:
+    """One layer's attention over the rows of several sequences in few graph nodes
+    (batch_attention.py): the per-row work once for all rows, per sequence only its cache
+    update and attention core."""
+
+    def __init__(self, attn: Any, caches: list[Any], plan: batch_attention.RowPlan):
+        self.attn, self.caches, self.plan = attn, caches, plan
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        return batch_attention.attend(self.attn, x, self.caches, self.plan)
+
+
+def shared_unsupported(model: Any, targets: Sequence[KVTarget]) -> str:
+    """Why a batched forward over `targets` runs attention through mlx-lm's module per
+    sequence rather than batch_attention's shared path ("" when it takes the shared path)."""
+    layers = layer_list(model)
+    keys = set()
+    for i, layer in enumerate(layers):
+        attn = layer["self_attn"]
+        why = batch_attention.unsupported(attn, [t.cache[i] for t in targets])
+        if why:
+            return f"layer {i}: {why}"
+        keys.add((attn.rope.dims, attn.rope.base, attn.rope.scale))
+    return "" if len(keys) == 1 else f"layers' RoPEs differ: {sorted(keys)}"
+
+
 @contextmanager
 def _split(model: Any, targets: Sequence[KVTarget], spans: list[tuple[int, int]]) -> Iterator:
     layers = layer_list(model)
     slots = [(layer, "self_attn") for layer in layers]
     originals = [layer["self_attn"] for layer in layers]
+    plan = None
+    if not shared_unsupported(model, targets):
+        plan = batch_attention.plan(originals[0], spans, [t.cache[0].offset for t in targets])
     try:
         for i, layer in enumerate(layers):
             caches = [t.cache[i] for t in targets]
-            layer["self_attn"] = _SplitAttention(originals[i], caches, spans)
+            if plan is None:
+                layer["self_attn"] = _SplitAttention(originals[i], caches, spans)
+            else:
+                layer["self_attn"] = _SharedAttention(originals[i], caches, plan)
         yield
     finally:
         for (c, k), o in zip(slots, originals):
