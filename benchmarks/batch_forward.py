@@ -124,7 +124,9 @@ def main() -> None:
                 f"| {n} | {path} | {total} | {total / n:.0f} | {med[path, n]:.2f} | "
                 f"{med[path, n] / med['solo']:.2f}x |"
             )
-    print(f"solo forward {med['solo']:.2f} ms; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+    print(
+        f"solo forward {med['solo']:.2f} ms; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
     for path in PATHS:
         for n in levels:
             by_op = json.dumps(dict(nodes[path, n].most_common()))

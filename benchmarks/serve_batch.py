@@ -74,9 +74,17 @@ def main() -> int:
     ap.add_argument("--drafter", default="auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--attention", choices=("shared", "split"), default="shared",
+        help="split: attention through mlx-lm's module once per request (the shared path off)",
+    )  # fmt: skip
     a = ap.parse_args()
 
     import adaspec
+    from adaspec.targets import batch as batch_forward
+
+    if a.attention == "split":
+        batch_forward.shared_unsupported = lambda *_: "split"
 
     model, tokenizer = adaspec.load(a.model)
     levels = [int(x) for x in a.levels.split(",")]
@@ -97,6 +105,7 @@ def main() -> int:
     result = {
         "model": a.model,
         "drafter": a.drafter,
+        "attention": a.attention,
         "max_tokens": a.max_tokens,
         "load": Path("/proc/loadavg").read_text().split()[:3],
         "levels": {

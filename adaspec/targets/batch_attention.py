@@ -16,16 +16,16 @@ routed kernel makes independent of the number of rows, so the bits are the solo 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import mlx.core as mx
 
-from ..kernels import attention, blas
+from ..errors import TargetError
+from ..kernels import blas
 from ..kernels.layers import ExactRoPE
 from ..kernels.softmax import softmax
-from ..errors import TargetError
 
 
 @partial(mx.compile, shapeless=True)
@@ -57,6 +57,37 @@ class RowPlan:
     sin: mx.array
     causal: list[tuple[mx.array, mx.array] | None]  # (query, key) positions; None: one row
     rep: int  # query heads per KV head
+    # by (KV heads, head dims): which sequences fold, the row orders between layouts
+    folds: dict[tuple[int, int], _Folds] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Folds:
+    """Which sequences run the folded core, and (when all do, and there are several) the
+    query rows' order for all of them at once: `gather` takes [1, kv, rep * rows, d] (query
+    head r of row j at r * rows + j) to each sequence's folded block in turn (sequence i's
+    head r, row l at rep * first_i + r * n_i + l); `scatter` takes them back. Both are
+    take_along_axis indices of that full shape: one graph node each."""
+
+    each: list[bool]
+    gather: mx.array | None = None
+    scatter: mx.array | None = None
+
+
+def _fold_plan(p: RowPlan, kv: int, d: int) -> _Folds:
+    each = [p.rep == 1 or _folds(p.rep * n, o + n, d) for o, (_, n) in zip(p.offsets, p.spans)]
+    if p.rep == 1 or len(p.spans) == 1 or not all(each):
+        return _Folds(each)
+    m = sum(n for _, n in p.spans)
+    order = [r * m + s + j for s, n in p.spans for r in range(p.rep) for j in range(n)]
+    back = [0] * len(order)
+    for i, src in enumerate(order):
+        back[src] = i
+    shape = (1, kv, len(order), d)
+    idx = [
+        mx.broadcast_to(mx.array(o, mx.int32)[None, None, :, None], shape) for o in (order, back)
+    ]
+    return _Folds(each, *idx)
 
 
 def _positions(offset: int, n: int, rep: int) -> tuple[mx.array, mx.array]:
@@ -125,20 +156,45 @@ def _heads(attn: Any, x: mx.array, p: RowPlan) -> tuple[mx.array, mx.array, mx.a
 
 
 def _core(q: mx.array, keys: mx.array, values: mx.array, causal: Any, rep: int) -> mx.array:
-    """sdpa's folded path for one sequence: q scaled [1, heads, n, d] -> [1, heads, n, d]"""
-    n_kv, n, d = keys.shape[1], q.shape[2], q.shape[3]
-    if rep > 1:
-        q = mx.reshape(q, (1, n_kv, rep * n, d))
+    """sdpa's folded path for one sequence: scaled queries [1, kv, rep * n, d] (query head r
+    of row l at r * n + l) -> [1, kv, rep * n, d]"""
     scores = q @ mx.swapaxes(keys, -1, -2)
     if causal is not None:
         scores = _causal(scores, *causal)
-    # both softmaxes give mx.softmax(precise=True)'s bits; the one op wins on few scores
-    if n * keys.shape[-2] >= attention.MIN_SCORES:
-        probs = softmax(scores)
+    return softmax(scores) @ values
+
+
+def _fold(q: mx.array, rep: int) -> mx.array:
+    return mx.reshape(q, (1, q.shape[1] // rep, rep * q.shape[2], q.shape[3])) if rep > 1 else q
+
+
+def _unfold(out: mx.array, rep: int) -> mx.array:
+    """[1, kv, rep * n, d] -> [1, kv * rep, n, d]"""
+    return mx.reshape(out, (1, out.shape[1] * rep, -1, out.shape[3])) if rep > 1 else out
+
+
+def _queries(qs: mx.array, p: RowPlan, f: _Folds) -> list[mx.array]:
+    """each sequence's scaled queries, folded: one gather and one split for all when
+    `f.gather` says how, else a split and a fold per sequence"""
+    cuts = [s for s, _ in p.spans[1:]]
+    if f.gather is None:
+        parts = mx.split(qs, cuts, axis=2) if cuts else [qs]
+        return [_fold(q, p.rep) if ok else q for q, ok in zip(parts, f.each)]
+    _, h, m, d = qs.shape
+    rows = mx.take_along_axis(mx.reshape(qs, (1, h // p.rep, p.rep * m, d)), f.gather, axis=2)
+    return mx.split(rows, [p.rep * s for s in cuts], axis=2)
+
+
+def _outputs(outs: list[mx.array], p: RowPlan, f: _Folds) -> mx.array:
+    """the sequences' attention outputs as [1, rows, heads * d], o_proj's input"""
+    if f.gather is None:
+        outs = [_unfold(o, p.rep) if ok else o for o, ok in zip(outs, f.each)]
+        out = mx.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     else:
-        probs = mx.softmax(scores, axis=-1, precise=True)
-    out = probs @ values
-    return mx.reshape(out, (1, n_kv * rep, n, d)) if rep > 1 else out
+        out = mx.take_along_axis(mx.concatenate(outs, axis=2), f.scatter, axis=2)
+        out = _unfold(out, p.rep)
+    _, h, m, d = out.shape
+    return mx.transpose(out, (0, 2, 1, 3)).reshape(1, m, h * d)
 
 
 def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
@@ -146,22 +202,21 @@ def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
     output for all rows. A sequence whose attention sdpa would not fold (a long context, a
     query wider than the kernel's rows) runs the model module's own attention function."""
     q, k, v = _heads(attn, x, p)
-    qs = _scaled(mx.array(attn.scale, q.dtype), q)
-    d, cuts, many = q.shape[-1], [s for s, _ in p.spans[1:]], len(p.spans) > 1
-    folds = [p.rep == 1 or _folds(p.rep * n, o + n, d) for o, (_, n) in zip(p.offsets, p.spans)]
-    parts = [mx.split(a, cuts, axis=2) if many else [a] for a in (qs, k, v)]
-    q_parts = (mx.split(q, cuts, axis=2) if many else [q]) if not all(folds) else None
+    kv, d = k.shape[1], q.shape[-1]
+    f = p.folds.get((kv, d)) or p.folds.setdefault((kv, d), _fold_plan(p, kv, d))
+    qs = _queries(_scaled(mx.array(attn.scale, q.dtype), q), p, f)
+    cuts = [s for s, _ in p.spans[1:]]
+    ks, vs = (mx.split(a, cuts, axis=2) if cuts else [a] for a in (k, v))
+    q_parts = (mx.split(q, cuts, axis=2) if cuts else [q]) if not all(f.each) else None
     outs = []
     for i, ((_, n), c) in enumerate(zip(p.spans, caches)):
         if c.offset != p.offsets[i]:
             raise TargetError(f"cache offset {c.offset} != the plan's {p.offsets[i]}")
-        keys, values = c.update_and_fetch(parts[1][i], parts[2][i])
-        if folds[i]:
-            outs.append(_core(parts[0][i], keys, values, p.causal[i], p.rep))
+        keys, values = c.update_and_fetch(ks[i], vs[i])
+        if f.each[i]:
+            outs.append(_core(qs[i], keys, values, p.causal[i], p.rep))
         else:
             mask = None if n == 1 else "causal"
             sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
             outs.append(sdpa(q_parts[i], keys, values, cache=c, scale=attn.scale, mask=mask))
-    out = mx.concatenate(outs, axis=2) if many else outs[0]
-    out = mx.transpose(out, (0, 2, 1, 3)).reshape(1, x.shape[1], -1)
-    return attn.o_proj(out)
+    return attn.o_proj(_outputs(outs, p, f))
