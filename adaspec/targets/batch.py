@@ -3,9 +3,12 @@
 The rows of every sequence are laid side by side as one sequence of M rows: embeddings,
 norms, the q/k/v/o projections, the MLP and the head run once over all M rows (the costly
 part: it streams the weights), while attention runs per sequence, on its own rows against its
-own cache, exactly as a forward of that sequence alone would. With the routed small-M kernel a
-GEMM row's result is the same for every M up to its row limit, so each sequence's logits
-equal its solo forward's bit for bit while M stays within `MAX_ROWS`.
+own cache, exactly as a forward of that sequence alone would: with the layer twins on the
+routed kernel through batch_attention.py (per-row work once for all rows, per sequence only
+its cache update and attention core), else through mlx-lm's attention module per sequence.
+With the routed small-M kernel a GEMM row's result is the same for every M up to its row
+limit, so each sequence's logits equal its solo forward's bit for bit while M stays within
+`MAX_ROWS`.
 """
 
 from __future__ import annotations
@@ -91,13 +94,17 @@ class _SplitAttention:
 class _SharedAttention:
     """One layer's attention over the rows of several sequences in few graph nodes
     (batch_attention.py): the per-row work once for all rows, per sequence only its cache
-    update and attention core."""
+    update and attention core. Its output is handed to mlx's stream at once (async_eval), so
+    the stream computes this layer while Python builds the next (4-10% off a forward of 4-8
+    requests on SmolLM2; the values are the same whenever they are computed)."""
 
     def __init__(self, attn: Any, caches: list[Any], plan: batch_attention.RowPlan):
         self.attn, self.caches, self.plan = attn, caches, plan
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        return batch_attention.attend(self.attn, x, self.caches, self.plan)
+        out = batch_attention.attend(self.attn, x, self.caches, self.plan)
+        mx.async_eval(out)
+        return out
 
 
 def shared_unsupported(model: Any, targets: Sequence[KVTarget]) -> str:
