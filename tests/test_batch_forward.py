@@ -5,6 +5,8 @@ through mlx-lm's module per sequence (stock layers) and on the shared path
 
 import io
 import re
+from contextlib import nullcontext
+from unittest.mock import patch
 
 import mlx.core as mx
 import numpy as np
@@ -56,10 +58,13 @@ def _same_as_solo(
         bat[i].rollback(k)
 
 
-@given(seed=st.integers(0, 2**16), n=st.integers(1, 6))
-def test_batched_rows_equal_solo_forwards_bit_for_bit(tiny, seed, n):
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 6), split=st.booleans())
+def test_batched_rows_equal_solo_forwards_bit_for_bit(tiny, seed, n, split):
+    """on whichever path the target takes, and with attention forced through mlx-lm's
+    module per sequence"""
     assert batch_unsupported(make_target(tiny)) == ""
-    _same_as_solo(tiny, 256, seed, n, steps=3)
+    with patch.object(batch, "shared_unsupported", lambda *_: "split") if split else nullcontext():
+        _same_as_solo(tiny, 256, seed, n, steps=3)
 
 
 @given(seed=st.integers(0, 2**16), n=st.integers(1, 8))
@@ -70,6 +75,24 @@ def test_shared_attention_rows_equal_solo_forwards_bit_for_bit(twins, seed, n):
         pytest.skip("the shared path needs the routed GEMM kernel")
     assert shared_unsupported(twins, [make_target(twins)]) == ""
     _same_as_solo(twins, 256, seed, n, steps=3, context=300)
+
+
+def test_shared_path_names_why_it_is_not_taken(twins):
+    """stock layers, a non-fp32 projection: mlx-lm's attention per sequence, and why"""
+    from tiny import tiny_model
+
+    from adaspec.targets.kv import KVTarget
+
+    stock = tiny_model("llama")  # KVTarget itself installs no twins (make_target does)
+    assert "RoPE RoPE (accepted: ExactRoPE" in shared_unsupported(stock, [KVTarget(stock)])
+    proj = twins.layers[0].self_attn.q_proj
+    weight = proj.weight
+    try:
+        proj.weight = weight.astype(mx.float16)
+        why = shared_unsupported(twins, [make_target(twins)])
+    finally:
+        proj.weight = weight
+    assert why == "layer 0: q_proj computes in mlx.core.float16 (accepted: float32)"
 
 
 def test_taps_are_split_per_sequence(tiny):

@@ -117,6 +117,10 @@ def unsupported(attn: Any, caches: list[Any]) -> str:
         return "a cache is not a plain KVCache"
     if not all(hasattr(attn, a) for a in ("n_heads", "n_kv_heads", "scale")):
         return f"{type(attn).__name__} lacks n_heads, n_kv_heads or scale"
+    proj = attn.q_proj
+    dtype = proj["scales"].dtype if "scales" in proj else proj["weight"].dtype
+    if dtype != mx.float32:  # ExactRoPE and sdpa take their fp32 arithmetic only
+        return f"q_proj computes in {dtype} (accepted: float32)"
     return ""
 
 
@@ -201,6 +205,8 @@ def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
     """attn over x's rows [1, rows, hidden], sequence i's rows against caches[i]; o_proj's
     output for all rows. A sequence whose attention sdpa would not fold (a long context, a
     query wider than the kernel's rows) runs the model module's own attention function."""
+    if x.dtype != mx.float32:
+        raise TargetError(f"batched attention got {x.dtype} rows; accepted: float32")
     q, k, v = _heads(attn, x, p)
     kv, d = k.shape[1], q.shape[-1]
     f = p.folds.get((kv, d)) or p.folds.setdefault((kv, d), _fold_plan(p, kv, d))
