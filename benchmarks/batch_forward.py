@@ -92,6 +92,7 @@ def main() -> None:
     batches = {n: targets_for(model, n, a.context) for n in levels}
     solo = targets_for(model, 1, a.context)[0]
     nodes, walls = {}, {"solo": []}
+    batch.EVAL_EACH_LAYER = False  # one lazy graph to count
     for path in PATHS:
         use(path)
         for n, ts in batches.items():
@@ -102,6 +103,7 @@ def main() -> None:
             for t in ts:
                 t.rollback(a.rows)
             walls[path, n] = []
+    batch.EVAL_EACH_LAYER = True
     load0 = os.getloadavg()[0]
     for r in range(a.rounds + 2):
         for path in PATHS:

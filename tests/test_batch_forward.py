@@ -132,10 +132,12 @@ def test_shared_attention_adds_few_graph_nodes_per_sequence(rows, monkeypatch):
         pytest.skip("the shared path needs the routed GEMM kernel")
     model = tiny_model("llama", layers=8)
     layers.install(model)
+    monkeypatch.setattr(batch, "EVAL_EACH_LAYER", False)  # one lazy graph to count
     # 4 and 8 sequences: both past the RMSNorm twin's row limit, so only attention differs
     shared = [_nodes(model, n, rows) for n in (4, 8)]
     monkeypatch.setattr(batch, "shared_unsupported", lambda *_: "split")
     split = [_nodes(model, n, rows) for n in (4, 8)]
+    assert shared[0] > 40 * len(model.layers), shared  # the whole forward's graph was counted
     per = 4 * len(model.layers)
     shared_added, split_added = (shared[1] - shared[0]) / per, (split[1] - split[0]) / per
     # measured 11.9 (1 row) and 13.8 (3 rows: the causal mask) against 38.8 and 38.7

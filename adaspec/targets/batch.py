@@ -29,6 +29,9 @@ MAX_ROWS = 32  # the routed kernel's row limit (kernels/blas.py KERNEL_ROWS): ex
 # attention layer, which reads q_proj, k_proj, v_proj and o_proj once each
 BATCHABLE = ("llama", "qwen2", "qwen3", "mistral")
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
+# hand each layer's attention output to mlx's stream as it is built (off: the forward stays one
+# lazy graph, as counting its nodes needs)
+EVAL_EACH_LAYER = True
 
 
 def batch_unsupported(target: Any) -> str:
@@ -103,7 +106,8 @@ class _SharedAttention:
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         out = batch_attention.attend(self.attn, x, self.caches, self.plan)
-        mx.async_eval(out)
+        if EVAL_EACH_LAYER:
+            mx.async_eval(out)
         return out
 
 
