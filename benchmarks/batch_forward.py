@@ -78,6 +78,22 @@ def solo_step(target, rows: int) -> float:
     return wall
 
 
+def count(batches: dict, rows: int) -> dict:
+    """graph nodes by op of one forward, by (path, requests)"""
+    nodes = {}
+    batch.EVAL_EACH_LAYER = False  # one lazy graph to count
+    for path in PATHS:
+        use(path)
+        for n, ts in batches.items():
+            got = forward_rows(ts, [[10 + j for j in range(rows)] for _ in ts])
+            nodes[path, n] = graph_nodes([f.logits for f in got])
+            mx.eval([f.logits for f in got])
+            for t in ts:
+                t.rollback(rows)
+    batch.EVAL_EACH_LAYER = True
+    return nodes
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -91,19 +107,9 @@ def main() -> None:
     model, _ = load(a.model, settings=from_env(dict(os.environ)))
     batches = {n: targets_for(model, n, a.context) for n in levels}
     solo = targets_for(model, 1, a.context)[0]
-    nodes, walls = {}, {"solo": []}
-    batch.EVAL_EACH_LAYER = False  # one lazy graph to count
-    for path in PATHS:
-        use(path)
-        for n, ts in batches.items():
-            feed = [[10 + j for j in range(a.rows)] for _ in ts]
-            got = forward_rows(ts, feed)
-            nodes[path, n] = graph_nodes([f.logits for f in got])
-            mx.eval([f.logits for f in got])
-            for t in ts:
-                t.rollback(a.rows)
-            walls[path, n] = []
-    batch.EVAL_EACH_LAYER = True
+    nodes = count(batches, a.rows)
+    walls: dict = {k: [] for k in nodes}
+    walls["solo"] = []
     load0 = os.getloadavg()[0]
     for r in range(a.rounds + 2):
         for path in PATHS:
