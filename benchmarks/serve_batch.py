@@ -4,6 +4,10 @@ mlx-lm's BatchGenerator (`batch_generate`) on the same held-out chat requests, T
 level of concurrency, interleaved; plus whether every request's tokens are the same.
 
     python benchmarks/serve_batch.py --model smollm2-135m --levels 1,2,4,8 --max-tokens 96
+        [--compare-split]
+
+--compare-split also times adaspec's batch with attention through mlx-lm's module once per
+request (the shared attention path of targets/batch_attention.py off), in turn with the others.
 """
 
 from __future__ import annotations
@@ -66,6 +70,16 @@ def run_adaspec(model, tokenizer, prompts, max_tokens: int, drafter: str) -> tup
     return (tokens - len(prompts)) / wall, [[t for t in g if t not in eos] for g in got]
 
 
+def _split_figures(r: dict) -> dict:
+    if not r["split"]:
+        return {}
+    split = statistics.median(r["split"])
+    return {
+        "adaspec_split_attention_decode_tps": round(split, 1),
+        "split_attention_ratio": round(split / statistics.median(r["mlx_lm"]), 2),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -74,16 +88,31 @@ def main() -> int:
     ap.add_argument("--drafter", default="auto")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument(
+        "--compare-split", action="store_true",
+        help="also time adaspec with attention through mlx-lm's module once per request "
+        "(targets/batch.py without batch_attention.py's shared path), taking turns",
+    )  # fmt: skip
     a = ap.parse_args()
 
     import adaspec
+    from adaspec.targets import batch as batch_forward
+
+    shared = batch_forward.shared_unsupported
+
+    def split_run(*args):
+        batch_forward.shared_unsupported = lambda *_: "split"
+        try:
+            return run_adaspec(*args)
+        finally:
+            batch_forward.shared_unsupported = shared
 
     model, tokenizer = adaspec.load(a.model)
     levels = [int(x) for x in a.levels.split(",")]
     prompts = requests(tokenizer, max(levels))
     run_mlx(model, tokenizer, prompts[:2], 8)  # warm up both
     run_adaspec(model, tokenizer, prompts[:2], 8, a.drafter)
-    rates: dict = {n: {"mlx_lm": [], "adaspec": []} for n in levels}
+    rates: dict = {n: {"mlx_lm": [], "adaspec": [], "split": []} for n in levels}
     same: dict = {}
     for _ in range(a.repeats):
         for n in levels:
@@ -92,7 +121,12 @@ def main() -> int:
             rates[n]["mlx_lm"].append(m_tps)
             rates[n]["adaspec"].append(a_tps)
             same[n] = same.get(n, True) and [t[: len(u)] for t, u in zip(m_tok, a_tok)] == a_tok
-            print(n, round(m_tps, 1), round(a_tps, 1), same[n], file=sys.stderr)
+            if a.compare_split:
+                s_tps, s_tok = split_run(model, tokenizer, prompts[:n], a.max_tokens, a.drafter)
+                rates[n]["split"].append(s_tps)
+                same[n] = same[n] and s_tok == a_tok
+            print(n, round(m_tps, 1), round(a_tps, 1), rates[n]["split"][-1:], same[n],
+                  file=sys.stderr)  # fmt: skip
     one = statistics.median(rates[levels[0]]["adaspec"])
     result = {
         "model": a.model,
@@ -106,6 +140,7 @@ def main() -> int:
                 "ratio": round(statistics.median(r["adaspec"]) / statistics.median(r["mlx_lm"]), 2),
                 "adaspec_vs_its_first_level": round(statistics.median(r["adaspec"]) / one, 2),
                 "same_tokens": same[n],
+                **_split_figures(r),
             }
             for n, r in rates.items()
         },

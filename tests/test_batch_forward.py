@@ -1,5 +1,12 @@
 """Tier 2/3: one forward over several sequences' rows (targets/batch.py) gives each sequence
-the logits its solo forward gives, bit for bit, on tiny models and on SmolLM2."""
+the logits its solo forward gives, bit for bit, on tiny models and on SmolLM2: with attention
+through mlx-lm's module per sequence (stock layers) and on the shared path
+(targets/batch_attention.py, with the layer twins)."""
+
+import io
+import re
+from contextlib import nullcontext
+from unittest.mock import patch
 
 import mlx.core as mx
 import numpy as np
@@ -8,16 +15,30 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.errors import TargetError
-from adaspec.targets import make_target
-from adaspec.targets.batch import MAX_ROWS, batch_unsupported, forward_rows
+from adaspec.kernels import blas, layers
+from adaspec.targets import batch, make_target
+from adaspec.targets.batch import MAX_ROWS, batch_unsupported, forward_rows, shared_unsupported
 
 
-def _same_as_solo(model, vocab: int, seed: int, n: int, steps: int, taps=()) -> None:
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def twins(request):
+    """A tiny model with the RoPE / RMSNorm / Linear twins: its batched forwards take the
+    shared attention path"""
+    from tiny import tiny_model
+
+    model = tiny_model(request.param, seed=5)
+    layers.install(model)
+    return model
+
+
+def _same_as_solo(
+    model, vocab: int, seed: int, n: int, steps: int, taps=(), context: int = 40
+) -> None:
     rng = np.random.default_rng(seed)
     solo = [make_target(model) for _ in range(n)]
     bat = [make_target(model) for _ in range(n)]
     for a, b in zip(solo, bat):
-        p = rng.integers(0, vocab, int(rng.integers(2, 40))).tolist()
+        p = rng.integers(0, vocab, int(rng.integers(2, context))).tolist()
         a.prefill(p, taps)
         b.prefill(p, taps)
     for _ in range(steps):
@@ -37,10 +58,41 @@ def _same_as_solo(model, vocab: int, seed: int, n: int, steps: int, taps=()) -> 
         bat[i].rollback(k)
 
 
-@given(seed=st.integers(0, 2**16), n=st.integers(1, 6))
-def test_batched_rows_equal_solo_forwards_bit_for_bit(tiny, seed, n):
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 6), split=st.booleans())
+def test_batched_rows_equal_solo_forwards_bit_for_bit(tiny, seed, n, split):
+    """on whichever path the target takes, and with attention forced through mlx-lm's
+    module per sequence"""
     assert batch_unsupported(make_target(tiny)) == ""
-    _same_as_solo(tiny, 256, seed, n, steps=3)
+    with patch.object(batch, "shared_unsupported", lambda *_: "split") if split else nullcontext():
+        _same_as_solo(tiny, 256, seed, n, steps=3)
+
+
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 8))
+def test_shared_attention_rows_equal_solo_forwards_bit_for_bit(twins, seed, n):
+    """contexts up to 300 keys (both softmax sizes), up to 32 rows for one sequence (a query
+    wider than the routed kernel's rows: that sequence runs the module's own attention)"""
+    if not blas.routed():
+        pytest.skip("the shared path needs the routed GEMM kernel")
+    assert shared_unsupported(twins, [make_target(twins)]) == ""
+    _same_as_solo(twins, 256, seed, n, steps=3, context=300)
+
+
+def test_shared_path_names_why_it_is_not_taken(twins):
+    """stock layers, a non-fp32 projection: mlx-lm's attention per sequence, and why"""
+    from tiny import tiny_model
+
+    from adaspec.targets.kv import KVTarget
+
+    stock = tiny_model("llama")  # KVTarget itself installs no twins (make_target does)
+    assert "RoPE RoPE (accepted: ExactRoPE" in shared_unsupported(stock, [KVTarget(stock)])
+    proj = twins.layers[0].self_attn.q_proj
+    weight = proj.weight
+    try:
+        proj.weight = weight.astype(mx.float16)
+        why = shared_unsupported(twins, [make_target(twins)])
+    finally:
+        proj.weight = weight
+    assert why == "layer 0: q_proj computes in mlx.core.float16 (accepted: float32)"
 
 
 def test_taps_are_split_per_sequence(tiny):
@@ -59,7 +111,43 @@ def test_too_many_rows_or_mismatched_lists_are_refused(tiny):
         forward_rows(t, [[1], []])
 
 
+def _nodes(model, n: int, rows: int) -> int:
+    ts = [make_target(model) for _ in range(n)]
+    for i, t in enumerate(ts):
+        t.prefill(list(range(1, 30 + 3 * i)))
+    got = forward_rows(ts, [[7] * rows for _ in ts])
+    buf = io.StringIO()
+    mx.export_to_dot(buf, *[f.logits for f in got])
+    return len(re.findall(r'label ="[A-Za-z]+', buf.getvalue()))
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_shared_attention_adds_few_graph_nodes_per_sequence(rows, monkeypatch):
+    """mlx schedules every graph node for microseconds whatever it computes: a sequence
+    joining the forward adds little more than its cache update and attention core per
+    layer, well under half of what an attention through mlx-lm's module costs"""
+    from tiny import tiny_model
+
+    if not blas.routed():
+        pytest.skip("the shared path needs the routed GEMM kernel")
+    model = tiny_model("llama", layers=8)
+    layers.install(model)
+    monkeypatch.setattr(batch, "EVAL_EACH_LAYER", False)  # one lazy graph to count
+    # 4 and 8 sequences: both past the RMSNorm twin's row limit, so only attention differs
+    shared = [_nodes(model, n, rows) for n in (4, 8)]
+    monkeypatch.setattr(batch, "shared_unsupported", lambda *_: "split")
+    split = [_nodes(model, n, rows) for n in (4, 8)]
+    assert shared[0] > 40 * len(model.layers), shared  # the whole forward's graph was counted
+    per = 4 * len(model.layers)
+    shared_added, split_added = (shared[1] - shared[0]) / per, (split[1] - split[0]) / per
+    # measured 11.9 (1 row) and 13.8 (3 rows: the causal mask) against 38.8 and 38.7
+    assert shared_added <= (12.5 if rows == 1 else 14.5), (shared_added, split_added)
+    assert shared_added <= 0.4 * split_added, (shared_added, split_added)
+
+
 @pytest.mark.slow
 def test_smollm2_batched_rows_equal_solo_forwards(smollm2):
     model, _ = smollm2
-    _same_as_solo(model, 49152, 3, 6, steps=4)
+    if blas.routed():
+        assert shared_unsupported(model, [make_target(model)]) == ""
+    _same_as_solo(model, 49152, 3, 6, steps=4, context=300)

@@ -6,14 +6,17 @@ takes."""
 
 import math
 
+import pytest
 from drafters_for_tests import ScriptedDrafter
 from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.api import start_decoder, stream_generate
+from adaspec.kernels import blas
 from adaspec.policy.batch_budget import RowCost, split
 from adaspec.serve.batch import Batch, join
-from adaspec.targets.batch import MAX_ROWS
+from adaspec.targets import make_target
+from adaspec.targets.batch import MAX_ROWS, shared_unsupported
 
 MODES = st.sampled_from(["oracle", "corrupt", "random", "none"])
 PROGRAM = st.lists(st.tuples(MODES, st.integers(0, 12), st.integers(0, 99)), min_size=1, max_size=5)
@@ -76,10 +79,35 @@ def _serve_together(model, tok, reqs, refs) -> tuple[list[list[int]], Batch]:
     return got, batch
 
 
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def twins(request):
+    """A tiny model with the layer twins: the batch's forwards take the shared attention path
+    (targets/batch_attention.py)"""
+    from tiny import tiny_model
+
+    from adaspec.kernels import layers
+
+    model = tiny_model(request.param)
+    layers.install(model)
+    return model
+
+
 @given(reqs=requests())
 def test_greedy_requests_served_together_equal_their_solo_runs(tiny, tokenizer, reqs):
-    refs = [_solo(tiny, tokenizer, r) for r in reqs]
-    got, _ = _serve_together(tiny, tokenizer, reqs, refs)
+    _check_against_solo(tiny, tokenizer, reqs)
+
+
+@given(reqs=requests())
+def test_requests_on_the_shared_attention_path_equal_their_solo_runs(twins, tokenizer, reqs):
+    if not blas.routed():
+        pytest.skip("the shared path needs the routed GEMM kernel")
+    assert shared_unsupported(twins, [make_target(twins)]) == ""
+    _check_against_solo(twins, tokenizer, reqs)
+
+
+def _check_against_solo(model, tokenizer, reqs) -> None:
+    refs = [_solo(model, tokenizer, r) for r in reqs]
+    got, _ = _serve_together(model, tokenizer, reqs, refs)
     for r, ref, g in zip(reqs, refs, got):
         if r["temp"] == 0:
             n = len(ref) if r["hang_up"] is None else min(len(ref), r["hang_up"])
