@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.errors import TargetError
-from adaspec.kernels import blas, layers
+from adaspec.kernels import blas, layers, native
 from adaspec.targets import batch, make_target
 from adaspec.targets.batch import MAX_ROWS, batch_unsupported, forward_rows, shared_unsupported
 
@@ -137,11 +137,14 @@ def test_shared_attention_adds_few_graph_nodes_per_sequence(rows, monkeypatch):
     shared = [_nodes(model, n, rows) for n in (4, 8)]
     monkeypatch.setattr(batch, "shared_unsupported", lambda *_: "split")
     split = [_nodes(model, n, rows) for n in (4, 8)]
-    assert shared[0] > 40 * len(model.layers), shared  # the whole forward's graph was counted
+    assert shared[0] > 20 * len(model.layers), shared  # the whole forward's graph was counted
     per = 4 * len(model.layers)
     shared_added, split_added = (shared[1] - shared[0]) / per, (split[1] - split[0]) / per
-    # measured 11.9 (1 row) and 13.8 (3 rows: the causal mask) against 38.8 and 38.7
-    assert shared_added <= (12.5 if rows == 1 else 14.5), (shared_added, split_added)
+    # mlx ops: measured 11.9 (1 row) and 13.8 (3 rows: the causal mask) against 38.8 and
+    # 38.7; with the native extension a sequence adds no node per layer (0.9 measured: the
+    # forward's own per-sequence nodes spread over the layers)
+    limit = 2 if native.get() is not None else (12.5 if rows == 1 else 14.5)
+    assert shared_added <= limit, (shared_added, split_added)
     assert shared_added <= 0.4 * split_added, (shared_added, split_added)
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import TargetError
-from ..kernels import blas
+from ..kernels import blas, native_layers
 from ..kernels.layers import ExactRoPE
 from ..kernels.softmax import softmax
 
@@ -201,12 +201,30 @@ def _outputs(outs: list[mx.array], p: RowPlan, f: _Folds) -> mx.array:
     return mx.transpose(out, (0, 2, 1, 3)).reshape(1, m, h * d)
 
 
+def _module_sdpa(attn: Any) -> Any:
+    """the attention function of the mlx-lm module attn's class comes from (a twin subclass
+    of adaspec's lives elsewhere: its first base with one)"""
+    for cls in type(attn).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "scaled_dot_product_attention", None)
+        if fn is not None:
+            return fn
+    raise TargetError(f"{type(attn).__name__}: no mlx-lm module with scaled_dot_product_attention")
+
+
 def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
     """attn over x's rows [1, rows, hidden], sequence i's rows against caches[i]; o_proj's
     output for all rows. A sequence whose attention sdpa would not fold (a long context, a
     query wider than the kernel's rows) runs the model module's own attention function."""
     if x.dtype != mx.float32:
         raise TargetError(f"batched attention got {x.dtype} rows; accepted: float32")
+    for i, c in enumerate(caches):
+        if c.offset != p.offsets[i]:
+            raise TargetError(f"cache offset {c.offset} != the plan's {p.offsets[i]}")
+    # the whole layer in two native nodes where the extension is built and every cache has
+    # room (kernels/native_layers.py); else the mlx ops below
+    out = native_layers.attend_rows(attn, x, caches, [n for _, n in p.spans], p.cos, p.sin)
+    if out is not None:
+        return out
     q, k, v = _heads(attn, x, p)
     kv, d = k.shape[1], q.shape[-1]
     f = p.folds.get((kv, d)) or p.folds.setdefault((kv, d), _fold_plan(p, kv, d))
@@ -223,6 +241,6 @@ def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
             outs.append(_core(qs[i], keys, values, p.causal[i], p.rep))
         else:
             mask = None if n == 1 else "causal"
-            sdpa = sys.modules[type(attn).__module__].scaled_dot_product_attention
+            sdpa = _module_sdpa(attn)
             outs.append(sdpa(q_parts[i], keys, values, cache=c, scale=attn.scale, mask=mask))
     return attn.o_proj(_outputs(outs, p, f))
