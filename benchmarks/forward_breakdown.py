@@ -3,15 +3,17 @@ the graph's nodes, the GEMMs, mlx's other ops, and the waits between threads, pe
 real model at a given context (docs/fast_ops.md, "Cost").
 
     python benchmarks/forward_breakdown.py [--model smollm2-135m] [--contexts 200,2000]
-        [--rows 1] [--rounds 40] [--variants twins,stock-linear,stock] [--json out.json]
+        [--rows 1] [--rounds 40] [--variants twins,no-blocks,stock-linear,stock] [--json out.json]
 
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin and
-the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are
-medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
-other jobs on the machine do not inflate, unlike wall times.
+`stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin
+(blocks.py's attention and decoder blocks included) and the attention path replaced by stock
+mlx-lm modules (mlx's JIT kernels stay ours), `no-blocks` as `twins` with mlx-lm's own
+attention and decoder-block code around the twins (blocks.uninstall). Figures are medians
+over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which other
+jobs on the machine do not inflate, unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
@@ -27,7 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
-from adaspec.kernels import blas, fast_ops, layers
+from adaspec.kernels import blas, blocks, fast_ops, layers
 from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
@@ -90,6 +92,7 @@ class Variants:
     def __init__(self, model):
         from mlx_lm.models import base
 
+        self.model = model
         self.module = sys.modules[type(model).__module__]
         self.routed = self.module.scaled_dot_product_attention
         self.stock_sdpa = base.scaled_dot_product_attention
@@ -103,6 +106,10 @@ class Variants:
     def use(self, name: str) -> None:
         stock = name == "stock"
         self.module.scaled_dot_product_attention = self.stock_sdpa if stock else self.routed
+        if stock or name == "no-blocks":
+            blocks.uninstall(self.model)
+        else:
+            blocks.install(self.model)
         for parent, key, twin, ref in self.swaps:
             linear = isinstance(twin, layers.ExactLinear)
             parent[key] = ref if stock or (name == "stock-linear" and linear) else twin
@@ -170,9 +177,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     names = a.variants.split(",")
-    unknown = set(names) - {"twins", "stock-linear", "stock"}
+    unknown = set(names) - {"twins", "no-blocks", "stock-linear", "stock"}
     if unknown:
-        p.error(f"--variants {a.variants}: accepted twins, stock-linear, stock")
+        p.error(f"--variants {a.variants}: accepted twins, no-blocks, stock-linear, stock")
     model, _ = load(a.model, settings=from_env(dict(os.environ)))
     fast_ops.install(model)
     variants = Variants(model)

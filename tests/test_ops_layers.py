@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 # isort: on
-from adaspec.kernels import fast_ops, layers
+from adaspec.kernels import blocks, fast_ops, layers
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:
@@ -191,8 +191,9 @@ def _stock(m):
 @pytest.mark.parametrize("context", [200, 2000])
 def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
     """SmolLM2 (weights as the loader gives them: stored bits where the router runs) with
-    every twin and the attention path against the same weights in stock mlx-lm modules: the
-    prefill, a 1-row step at a new position and an 8-row verify, bit for bit."""
+    every twin (blocks.py's included) and the attention path against the same weights in
+    stock mlx-lm modules: the prefill, a 1-row step at a new position and an 8-row verify,
+    bit for bit."""
     import sys
 
     from mlx_lm.models import base
@@ -220,6 +221,7 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
     assert routed is not base.scaled_dot_product_attention
     try:
         module.scaled_dot_product_attention = base.scaled_dot_product_attention
+        assert blocks.uninstall(model) == 30 * 2  # each layer's attention and block
         for parent, key, child in swaps:
             parent[key] = _stock(child)
         stock = logits()
@@ -227,5 +229,6 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
         module.scaled_dot_product_attention = routed
         for parent, key, child in swaps:  # the session's model keeps its twins
             parent[key] = child
+        blocks.install(model)
     for a, b in zip(ours, stock, strict=True):
         assert a.shape == b.shape and (a.view(np.uint32) == b.view(np.uint32)).all()

@@ -94,15 +94,20 @@ def sdpa(
 
 
 def _folds(rows: int, keys: mx.array) -> bool:
+    return folds(rows, keys.shape[-2], keys.shape[-1])
+
+
+def folds(rows: int, k_len: int, head_dim: int) -> bool:
     """Whether a GQA call may run its query heads as the rows of one GEMM per KV head with the
     same bits as one GEMM per query head: only on the routed kernel, whose result for a row is
     the same whatever the number of rows, within the rows it serves (blas.KERNEL_ROWS; for
     scores @ V also within the size of B it keeps on its non-transposed path)."""
-    return (
-        rows <= blas.KERNEL_ROWS
-        and keys.shape[-2] * keys.shape[-1] <= blas.NN_MAX_ELEMENTS
-        and blas.routed()
-    )
+    return rows <= blas.KERNEL_ROWS and k_len * head_dim <= blas.NN_MAX_ELEMENTS and blas.routed()
+
+
+def attend(q: mx.array, keys: mx.array, values: mx.array) -> mx.array:
+    """`sdpa`'s steps after the scale (and the fold) with no mask: softmax(q @ K^T) @ V"""
+    return softmax(q @ mx.swapaxes(keys, -1, -2)) @ values
 
 
 # below this many scores per head (query rows x keys) mlx's one softmax op beats four cheaper

@@ -1,5 +1,6 @@
 """The CPU fast paths of one model, each bit for bit stock mlx: attention on the vectorized
-softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), mlx-lm's decoding loop on the
+softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), Llama / Qwen2 attention and
+decoder blocks in fewer graph nodes (blocks.py), mlx-lm's decoding loop on the
 vectorized logsumexp (mlx_lm_generate.py), on top of mlx's JIT kernels built
 for this CPU (jit.py). ADASPEC_FAST_OPS=off, another device or platform: nothing changes."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, layers, mlx_lm_generate
+from . import attention, blocks, layers, mlx_lm_generate
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,7 @@ class Installed:
     attention_modules: list[str]  # mlx-lm model modules whose attention is routed
     layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
     generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
+    blocks: int = 0  # Attention / TransformerBlock instances given their twin class
 
 
 def install(model: Any) -> Installed:
@@ -23,4 +25,5 @@ def install(model: Any) -> Installed:
     enabled (attention.enabled: the JIT wrapper is active and the device is the CPU)."""
     if not attention.enabled():
         return Installed([], 0)
-    return Installed(attention.install(model), layers.install(model), mlx_lm_generate.install())
+    routed, twins = attention.install(model), layers.install(model)
+    return Installed(routed, twins, mlx_lm_generate.install(), blocks.install(model))

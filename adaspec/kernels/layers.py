@@ -112,10 +112,19 @@ class ExactRMSNorm(nn.Module):
         self.weight = mx.ones((dims,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        rows = x.size // max(x.shape[-1], 1)
-        if rows > RMS_ROWS or x.dtype != mx.float32 or self.weight.dtype != mx.float32:
+        if not self.fuses(x):
             return mx.fast.rms_norm(x, self.weight, self.eps)
-        total = mx.sum(mx.square(x), -1, keepdims=True)
+        return self.from_square(x, mx.square(x))
+
+    def fuses(self, x: mx.array) -> bool:
+        """whether this twin evaluates x itself (else mx.fast.rms_norm does)"""
+        rows = x.size // max(x.shape[-1], 1)
+        return rows <= RMS_ROWS and x.dtype == mx.float32 and self.weight.dtype == mx.float32
+
+    def from_square(self, x: mx.array, square: mx.array) -> mx.array:
+        """the norm of x given `mx.square(x)` (made elsewhere, e.g. in the kernel that forms x);
+        for inputs where `fuses(x)`"""
+        total = mx.sum(square, -1, keepdims=True)
         return _normalize(x, total, *self._constants(x.shape[-1]), self.weight)
 
     def _constants(self, n: int) -> tuple[mx.array, mx.array]:

@@ -1,0 +1,190 @@
+"""Twins of mlx-lm's Llama and Qwen2 attention and decoder block: their arithmetic in fewer nodes.
+
+mlx schedules every graph node on Python's thread, a few microseconds each whatever it computes
+(docs/fast_ops.md, "Cost"), and at one token row that is most of a forward's time outside the
+GEMMs. mlx-lm's attention at one row spends 36 nodes per layer, many of them views: a reshape
+and a transpose per projection, RoPE's two slices, two kernels and a concatenation per call,
+the query scale, the fold of the query heads, and a transpose and two reshapes back. The twin of
+one decoding row (`DecodeAttention`) views each projection's heads as [..., 2, D/2] halves
+(one reshape, one split), rotates them in one compiled kernel that also applies the query scale
+and writes both halves, and reshapes the result straight into the layout `attention.sdpa` folds
+to and back into o_proj's input: 25 nodes. The block twin (`FusedBlock`) forms the residual sum
+and its square (the post-attention RMSNorm's first op) in one kernel. Every op sees the values
+stock mlx's op sees, so the bits are stock mlx's (tests/test_ops_blocks.py).
+
+`install` changes the class of each instance of the covered mlx-lm classes to a subclass whose
+`__call__` takes the short path where it applies (one token row, fp32 projections, an
+`ExactRoPE` over the full head, a plain `KVCache`, no mask, attention routed to
+`attention.sdpa` and folding there) and calls mlx-lm's own `__call__` otherwise; `uninstall`
+restores the classes. No mlx-lm class or module attribute is changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import partial
+from typing import Any
+
+import mlx.core as mx
+
+from . import attention, layers
+
+# mlx-lm modules whose Attention and TransformerBlock have the code the twins reproduce
+COVERED = ("mlx_lm.models.llama", "mlx_lm.models.qwen2")
+
+_first: list[mx.array] = []  # [[True], [False]]: selects the first half's formula
+
+
+def _first_half() -> mx.array:
+    if not _first:
+        _first.append(mx.array([[True], [False]]))
+    return _first[0]
+
+
+@partial(mx.compile, shapeless=True)
+def _rope(x1: mx.array, x2: mx.array, cos: mx.array, sin: mx.array, first: mx.array):
+    """ExactRoPE's `x1 * cos - x2 * sin`, `x1 * sin + x2 * cos`, written to one [..., 2, D/2]"""
+    return mx.where(first, x1 * cos - x2 * sin, x1 * sin + x2 * cos)
+
+
+@partial(mx.compile, shapeless=True)
+def _rope_scaled(x1, x2, cos, sin, first, scale):
+    """the same, then sdpa's query scale (`scale * q`)"""
+    return scale * mx.where(first, x1 * cos - x2 * sin, x1 * sin + x2 * cos)
+
+
+@partial(mx.compile, shapeless=True)
+def _add_square(x: mx.array, r: mx.array) -> tuple[mx.array, mx.array]:
+    """the residual `x + r` and its square, RMSNorm's first op, in one kernel"""
+    h = x + r
+    return h, mx.square(h)
+
+
+def _kv_cache() -> type:
+    from mlx_lm.models.cache import KVCache
+
+    return KVCache
+
+
+def _head_dim(attn: Any) -> int:
+    return attn.q_proj.weight.shape[0] // attn.n_heads
+
+
+def _fp32(linear: Any) -> bool:
+    w = getattr(linear, "weight", None)
+    b = linear.get("bias") if isinstance(linear, dict) else None
+    return (
+        isinstance(w, mx.array)
+        and w.dtype == mx.float32
+        and (b is None or (isinstance(b, mx.array) and b.dtype == mx.float32))
+    )
+
+
+def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
+    """Whether `DecodeAttention` takes its short path: stock mlx-lm would run sdpa's fold (or
+    MHA) on one fp32 row with no mask, through an ExactRoPE over the whole head."""
+    if x.ndim != 3 or x.shape[1] != 1 or mask is not None or x.dtype != mx.float32:
+        return False
+    if type(cache) is not _kv_cache() or type(cache.offset) is not int:
+        return False
+    rope, d = attn.rope, _head_dim(attn)
+    if type(rope) is not layers.ExactRoPE or rope.traditional or rope.dims != d or d % 2:
+        return False
+    if not all(_fp32(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
+        return False
+    home = sys.modules.get(type(attn).__bases__[1].__module__)
+    routed = getattr(home, "scaled_dot_product_attention", None)
+    if routed is not attention.scaled_dot_product_attention:
+        return False
+    k_len, rep = cache.offset + 1, attn.n_heads // attn.n_kv_heads
+    return (
+        k_len >= attention.MIN_SCORES
+        and (rep == 1 or attention.folds(rep, k_len, d))
+        and mx.default_device() == mx.cpu
+    )
+
+
+def _halves(x: mx.array, shape: tuple[int, ...]) -> tuple[mx.array, mx.array]:
+    """x [B, 1, heads * D] viewed as [B, a, b, 2, D/2] (a * b == heads), split into halves"""
+    return tuple(mx.split(mx.reshape(x, shape), 2, axis=-2))  # type: ignore[return-value]
+
+
+class DecodeAttention:
+    """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes for one decoding row."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        if not _decodes(self, x, mask, cache):
+            return super().__call__(x, mask, cache)  # type: ignore[misc]
+        b, n_q, n_kv = x.shape[0], self.n_heads, self.n_kv_heads
+        d, rep = _head_dim(self), n_q // n_kv
+        cos, sin = self.rope._cos_sin(cache.offset, 1)  # [1, D/2]
+        first = _first_half()
+        # the query heads of a KV head as rows (sdpa's fold; with rep == 1 plain MHA)
+        q1, q2 = _halves(self.q_proj(x), (b, n_kv, rep, 2, d // 2))
+        q = _rope_scaled(q1, q2, cos, sin, first, self._scale_array())
+        k1, k2 = _halves(self.k_proj(x), (b, n_kv, 1, 2, d // 2))
+        k = mx.reshape(_rope(k1, k2, cos, sin, first), (b, n_kv, 1, d))
+        v = mx.reshape(self.v_proj(x), (b, n_kv, 1, d))
+        keys, values = cache.update_and_fetch(k, v)
+        out = attention.attend(mx.reshape(q, (b, n_kv, rep, d)), keys, values)
+        return self.o_proj(mx.reshape(out, (b, 1, n_q * d)))
+
+    def _scale_array(self) -> mx.array:
+        """sdpa's `mx.array(scale, float32)`, kept (not module state)"""
+        hit = self.__dict__.get("_scale_fp32")
+        if hit is None or hit[0] != self.scale:
+            hit = (self.scale, mx.array(self.scale, mx.float32))
+            object.__setattr__(self, "_scale_fp32", hit)
+        return hit[1]
+
+
+class FusedBlock:
+    """mlx-lm's Llama / Qwen2 TransformerBlock.__call__ with the first residual sum and its
+    square in one kernel, where the post-attention norm is an ExactRMSNorm that fuses."""
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        norm = self.post_attention_layernorm
+        if not (isinstance(norm, layers.ExactRMSNorm) and norm.fuses(x)):
+            return super().__call__(x, mask, cache)  # type: ignore[misc]
+        r = self.self_attn(self.input_layernorm(x), mask, cache)
+        h, square = _add_square(x, r)
+        r = self.mlp(norm.from_square(h, square))
+        return h + r
+
+
+_TWINS: dict[type, type] = {}
+
+
+def _twin_class(cls: type) -> type | None:
+    """the twin subclass of a covered mlx-lm class, made once"""
+    if cls.__module__ not in COVERED or cls.__name__ not in ("Attention", "TransformerBlock"):
+        return None
+    twin = _TWINS.get(cls)
+    if twin is None:
+        mixin = DecodeAttention if cls.__name__ == "Attention" else FusedBlock
+        twin = type(cls.__name__, (mixin, cls), {"__module__": __name__})
+        _TWINS[cls] = twin
+    return twin
+
+
+def install(model: Any) -> int:
+    """Give each covered Attention and TransformerBlock instance of `model` its twin class;
+    returns how many changed."""
+    n = 0
+    for _, m in model.named_modules():
+        twin = _twin_class(type(m))
+        if twin is not None:
+            m.__class__ = twin
+            n += 1
+    return n
+
+
+def uninstall(model: Any) -> int:
+    """Give the instances `install` changed their mlx-lm class back; returns how many."""
+    stock = {v: k for k, v in _TWINS.items()}
+    n = 0
+    for _, m in model.named_modules():
+        if type(m) in stock:
+            m.__class__ = stock[type(m)]
+            n += 1
+    return n

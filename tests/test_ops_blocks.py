@@ -1,0 +1,253 @@
+"""The attention and decoder-block twins (adaspec/kernels/blocks.py) give stock mlx-lm's bits."""
+
+# isort: off
+import adaspec  # noqa: F401  (BLAS and the JIT wrapper before mlx)
+import sys
+from contextlib import contextmanager
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mlx.utils import tree_flatten
+
+# isort: on
+from adaspec.kernels import attention, blocks, layers
+
+pytestmark = pytest.mark.skipif(
+    not attention.enabled(), reason="the fast paths are off here (platform, ADASPEC_FAST_OPS)"
+)
+
+SPECIALS = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-41, 3e38, -3e38]
+
+
+def same_bits(a: mx.array, b: mx.array) -> bool:
+    """equal bits, except that a NaN may meet a NaN of another sign or payload (which NaN a
+    multiply of two NaNs returns follows its operands' order: docs/fast_ops.md, "What
+    differs"; the fast paths before these twins differ from stock mlx the same way)"""
+    x, y = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    if x.shape != y.shape or x.dtype != y.dtype:
+        return False
+    nan = np.isnan(x)
+    if not (nan == np.isnan(y)).all():
+        return False
+    return bool((x[~nan].view(np.uint32) == y[~nan].view(np.uint32)).all())
+
+
+def _args(arch: str, heads: int, kv_heads: int, head_dim: int, **extra):
+    from mlx_lm.models import llama, qwen2
+
+    common = dict(
+        hidden_size=heads * head_dim,
+        num_hidden_layers=1,
+        intermediate_size=96,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        rms_norm_eps=1e-5,
+        vocab_size=300,
+        rope_theta=extra.pop("rope_theta", 10000.0),
+        **extra,
+    )
+    module = {"llama": llama, "qwen2": qwen2}[arch]
+    return module, module.ModelArgs(model_type=arch, **common)
+
+
+def _pair(arch: str, heads: int, kv_heads: int, head_dim: int, seed: int, **extra):
+    """(stock mlx-lm block, the same weights with every twin) and the mlx-lm module"""
+    module, args = _args(arch, heads, kv_heads, head_dim, **extra)
+    mx.random.seed(seed)
+    ref, ours = module.TransformerBlock(args), module.TransformerBlock(args)
+    params = [(k, v * 3 + 0.01) for k, v in tree_flatten(ref.parameters())]
+    ref.load_weights(params)
+    ours.load_weights(params)
+    layers.install(ours)
+    assert blocks.install(ours) == 2  # the block and its attention
+    return module, ref, ours
+
+
+@contextmanager
+def _stock_sdpa(module):
+    """mlx-lm's own attention function in `module` (the reference), then ours again"""
+    from mlx_lm.models import base
+
+    saved = module.scaled_dot_product_attention
+    module.scaled_dot_product_attention = base.scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        module.scaled_dot_product_attention = saved
+
+
+@contextmanager
+def _routed(module):
+    saved = module.scaled_dot_product_attention
+    module.scaled_dot_product_attention = attention.scaled_dot_product_attention
+    try:
+        yield
+    finally:
+        module.scaled_dot_product_attention = saved
+
+
+def _inputs(shape, seed: int, scale: float, specials: int) -> mx.array:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32) * scale
+    for i in range(specials):
+        x.flat[rng.integers(x.size)] = SPECIALS[i % len(SPECIALS)]
+    return mx.array(x)
+
+
+def _caches(context: int, kv_heads: int, head_dim: int, seed: int, specials: int):
+    """two KVCaches holding the same `context` random keys and values"""
+    from mlx_lm.models.cache import KVCache
+
+    out = []
+    k = _inputs((1, kv_heads, context, head_dim), seed, 2.0, specials)
+    v = _inputs((1, kv_heads, context, head_dim), seed + 1, 2.0, specials)
+    for _ in range(2):
+        c = KVCache()
+        c.update_and_fetch(mx.array(k), mx.array(v))
+        out.append(c)
+    return out
+
+
+@settings(deadline=None, max_examples=30)
+@given(
+    shape=st.sampled_from(
+        [("llama", 9, 3, 64), ("qwen2", 14, 2, 64), ("llama", 4, 4, 32), ("qwen2", 8, 1, 16)]
+    ),
+    context=st.sampled_from([attention.MIN_SCORES, 200, 255, 256, 700]),
+    scale=st.sampled_from([1e-3, 1.0, 50.0]),
+    specials=st.sampled_from([0, 0, 3, 12]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_decode_attention_equals_mlx_lm(shape, context, scale, specials, seed) -> None:
+    """one-row steps through the twin against stock mlx-lm (nn.Linear, nn.RoPE, mlx's sdpa):
+    the outputs and the caches they leave, bit for bit, on inputs with +-0, +-inf, NaN,
+    denormals and huge values"""
+    arch, heads, kv_heads, head_dim = shape
+    module, ref, ours = _pair(arch, heads, kv_heads, head_dim, seed)
+    c_ref, c_ours = _caches(context, kv_heads, head_dim, seed, specials)
+    for step in range(3):  # the cache grows past a 256-slot boundary at context 255
+        x = _inputs((1, 1, heads * head_dim), seed + step + 7, scale, specials)
+        with _routed(module):
+            assert blocks._decodes(ours.self_attn, x, None, c_ours)
+            out = ours.self_attn(x, None, c_ours)
+        with _stock_sdpa(module):
+            expected = ref.self_attn(x, None, c_ref)
+        assert same_bits(out, expected)
+        assert c_ours.offset == c_ref.offset == context + step + 1
+        for a, b in zip(c_ours.state[:2], c_ref.state[:2], strict=True):
+            assert same_bits(a[..., : c_ref.offset, :], b[..., : c_ref.offset, :])
+
+
+def test_decode_attention_in_a_batch_of_two() -> None:
+    from mlx_lm.models.cache import KVCache
+
+    module, ref, ours = _pair("llama", 9, 3, 64, 5)
+    caches = []
+    for _ in range(2):
+        c = KVCache()
+        c.update_and_fetch(_inputs((2, 3, 300, 64), 1, 1.0, 0), _inputs((2, 3, 300, 64), 2, 1.0, 0))
+        caches.append(c)
+    x = _inputs((2, 1, 576), 3, 1.0, 4)
+    with _routed(module):
+        assert blocks._decodes(ours.self_attn, x, None, caches[0])
+        out = ours.self_attn(x, None, caches[0])
+    with _stock_sdpa(module):
+        assert same_bits(out, ref.self_attn(x, None, caches[1]))
+
+
+@settings(deadline=None, max_examples=20)
+@given(
+    rows=st.sampled_from([1, 2, 3, 8]),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+    specials=st.sampled_from([0, 3]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_fused_block_equals_mlx_lm(rows, scale, specials, seed) -> None:
+    """the decoder block (residual sum and its square in one kernel) against stock mlx-lm, at
+    rows the twin fuses (up to layers.RMS_ROWS) and beyond"""
+    module, ref, ours = _pair("llama", 9, 3, 64, seed)
+    c_ref, c_ours = _caches(180, 3, 64, seed, specials)
+    x = _inputs((1, rows, 576), seed + 3, scale, specials)
+    mask = None if rows == 1 else "causal"
+    assert ours.post_attention_layernorm.fuses(x) == (rows <= layers.RMS_ROWS)
+    with _routed(module):
+        out = ours(x, mask, c_ours)
+    with _stock_sdpa(module):
+        expected = ref(x, mask, c_ref)
+    assert same_bits(out, expected)
+
+
+def _fallback_cases():
+    from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
+
+    return [
+        ("two rows", 2, KVCache, None, mx.float32),
+        ("a mask", 1, KVCache, "mask", mx.float32),
+        ("half precision", 1, KVCache, None, mx.float16),
+        ("rotating cache", 1, RotatingKVCache, None, mx.float32),
+        ("quantized cache", 1, QuantizedKVCache, None, mx.float32),
+        ("too few scores", 1, KVCache, None, mx.float32),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_attention_falls_back_where_it_does_not_apply(case) -> None:
+    """calls the short path does not cover run mlx-lm's own code, with the same bits"""
+    from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
+
+    name, rows, cache_type, mask, dtype = _fallback_cases()[case]
+    module, ref, ours = _pair("llama", 4, 2, 32, case)
+    context = 20 if name == "too few scores" else 150
+    kv = [_inputs((1, 2, context, 32), i, 1.0, 0).astype(dtype) for i in (1, 2)]
+    caches = []
+    for _ in range(2):
+        if cache_type is RotatingKVCache:
+            c = cache_type(max_size=512)
+        else:
+            c = cache_type(group_size=32) if cache_type is QuantizedKVCache else cache_type()
+        c.update_and_fetch(mx.array(kv[0]), mx.array(kv[1]))
+        caches.append(c)
+    if dtype != mx.float32:
+        ref.set_dtype(dtype)
+        ours.set_dtype(dtype)
+    x = _inputs((1, rows, 128), 9, 1.0, 0).astype(dtype)
+    m = mx.ones((1, 1, rows, context + rows), mx.bool_) if mask else None
+    with _routed(module):
+        assert not blocks._decodes(ours.self_attn, x, m, caches[0]), name
+        out = ours.self_attn(x, m, caches[0])
+    with _stock_sdpa(module):
+        assert not blocks._decodes(ours.self_attn, x, m, caches[1])  # mlx-lm's sdpa installed
+        expected = ref.self_attn(x, m, caches[1])
+    assert np.array_equal(np.array(out), np.array(expected), equal_nan=True), name
+    if dtype == mx.float32:
+        assert same_bits(out, expected), name
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_install_changes_classes_only_where_covered(arch) -> None:
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    model, fresh = tiny_model(arch), tiny_model(arch)
+    params = {k: np.array(v) for k, v in tree_flatten(model.parameters())}
+    layers.install(model)
+    changed = blocks.install(model)
+    assert changed == (4 if arch == "llama" else 0)  # qwen3's attention is not covered
+    assert blocks.install(model) == 0  # once only
+    assert {k: np.array(v) for k, v in tree_flatten(model.parameters())}.keys() == params.keys()
+    for k, v in tree_flatten(model.parameters()):
+        assert same_bits(v, mx.array(params[k])), k
+    tokens = mx.arange(160)[None] * 7 % 250
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    module = sys.modules[type(fresh).__module__]
+    for chunk in (tokens[:, :150], *(tokens[:, i : i + 1] for i in range(150, 153))):
+        with _routed(module):
+            out = model(chunk, cache=c1)
+        with _stock_sdpa(module):
+            expected = fresh(chunk, cache=c2)
+        assert same_bits(out, expected)
+    assert blocks.uninstall(model) == changed
+    assert all(type(m).__module__ != blocks.__name__ for _, m in model.named_modules())
