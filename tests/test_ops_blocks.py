@@ -116,27 +116,32 @@ def _caches(context: int, kv_heads: int, head_dim: int, seed: int, specials: int
     shape=st.sampled_from(
         [("llama", 9, 3, 64), ("qwen2", 14, 2, 64), ("llama", 4, 4, 32), ("qwen2", 8, 1, 16)]
     ),
-    context=st.sampled_from([attention.MIN_SCORES, 200, 255, 256, 700]),
+    rows=st.sampled_from([1, 1, 2, 3, 8]),
+    context=st.sampled_from([attention.MIN_SCORES, 200, 254, 256, 700]),
     scale=st.sampled_from([1e-3, 1.0, 50.0]),
     specials=st.sampled_from([0, 0, 3, 12]),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_decode_attention_equals_mlx_lm(shape, context, scale, specials, seed) -> None:
-    """one-row steps through the twin against stock mlx-lm (nn.Linear, nn.RoPE, mlx's sdpa):
-    the outputs and the caches they leave, bit for bit, on inputs with +-0, +-inf, NaN,
-    denormals and huge values"""
+def test_decode_attention_equals_mlx_lm(shape, rows, context, scale, specials, seed) -> None:
+    """steps of 1 row (no mask) and verifies of 2-8 rows (the causal mask) through the twin
+    against stock mlx-lm (nn.Linear, nn.RoPE, mlx's sdpa): the outputs and the caches they
+    leave, bit for bit, on inputs with +-0, +-inf, NaN, denormals and huge values"""
     arch, heads, kv_heads, head_dim = shape
+    rep = heads // kv_heads
+    if rep * rows > 32:  # past the fold (blas.KERNEL_ROWS): the twin leaves it to mlx-lm
+        rows = 32 // rep
     module, ref, ours = _pair(arch, heads, kv_heads, head_dim, seed)
     c_ref, c_ours = _caches(context, kv_heads, head_dim, seed, specials)
-    for step in range(3):  # the cache grows past a 256-slot boundary at context 255
-        x = _inputs((1, 1, heads * head_dim), seed + step + 7, scale, specials)
+    mask = None if rows == 1 else "causal"
+    for step in range(3):  # the cache grows past a 256-slot boundary at context 254, 256
+        x = _inputs((1, rows, heads * head_dim), seed + step + 7, scale, specials)
         with _routed(module):
-            assert blocks._decodes(ours.self_attn, x, None, c_ours)
-            out = ours.self_attn(x, None, c_ours)
+            assert blocks._decodes(ours.self_attn, x, mask, c_ours)
+            out = ours.self_attn(x, mask, c_ours)
         with _stock_sdpa(module):
-            expected = ref.self_attn(x, None, c_ref)
+            expected = ref.self_attn(x, mask, c_ref)
         assert same_bits(out, expected)
-        assert c_ours.offset == c_ref.offset == context + step + 1
+        assert c_ours.offset == c_ref.offset == context + (step + 1) * rows
         for a, b in zip(c_ours.state[:2], c_ref.state[:2], strict=True):
             assert same_bits(a[..., : c_ref.offset, :], b[..., : c_ref.offset, :])
 
@@ -184,8 +189,8 @@ def _fallback_cases():
     from mlx_lm.models.cache import KVCache, QuantizedKVCache, RotatingKVCache
 
     return [
-        ("two rows", 2, KVCache, None, mx.float32),
-        ("a mask", 1, KVCache, "mask", mx.float32),
+        ("rows past the fold", 20, KVCache, "causal", mx.float32),
+        ("an array mask", 1, KVCache, "array", mx.float32),
         ("half precision", 1, KVCache, None, mx.float16),
         ("rotating cache", 1, RotatingKVCache, None, mx.float32),
         ("quantized cache", 1, QuantizedKVCache, None, mx.float32),
@@ -214,7 +219,7 @@ def test_attention_falls_back_where_it_does_not_apply(case) -> None:
         ref.set_dtype(dtype)
         ours.set_dtype(dtype)
     x = _inputs((1, rows, 128), 9, 1.0, 0).astype(dtype)
-    m = mx.ones((1, 1, rows, context + rows), mx.bool_) if mask else None
+    m = mx.ones((1, 1, rows, context + rows), mx.bool_) if mask == "array" else mask
     with _routed(module):
         assert not blocks._decodes(ours.self_attn, x, m, caches[0]), name
         out = ours.self_attn(x, m, caches[0])

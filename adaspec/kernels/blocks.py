@@ -81,9 +81,12 @@ def _fp32(linear: Any) -> bool:
 
 
 def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
-    """Whether `DecodeAttention` takes its short path: stock mlx-lm would run sdpa's fold (or
-    MHA) on one fp32 row with no mask, through an ExactRoPE over the whole head."""
-    if x.ndim != 3 or x.shape[1] != 1 or mask is not None or x.dtype != mx.float32:
+    """Whether `DecodeAttention` takes its short path: stock mlx-lm would run `attention.sdpa`
+    with the query heads folded into rows (or MHA) on fp32 rows with no mask or the causal
+    one, through an ExactRoPE over the whole head, on a plain KVCache."""
+    if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return False
+    if x.ndim != 3 or x.dtype != mx.float32:
         return False
     if type(cache) is not _kv_cache() or type(cache.offset) is not int:
         return False
@@ -96,38 +99,51 @@ def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
     routed = getattr(home, "scaled_dot_product_attention", None)
     if routed is not attention.scaled_dot_product_attention:
         return False
-    k_len, rep = cache.offset + 1, attn.n_heads // attn.n_kv_heads
+    rows = x.shape[1]
+    k_len, rep = cache.offset + rows, attn.n_heads // attn.n_kv_heads
     return (
-        k_len >= attention.MIN_SCORES
-        and (rep == 1 or attention.folds(rep, k_len, d))
+        rows * k_len >= attention.MIN_SCORES
+        and (rep == 1 or attention.folds(rep * rows, k_len, d))
         and mx.default_device() == mx.cpu
     )
 
 
-def _halves(x: mx.array, shape: tuple[int, ...]) -> tuple[mx.array, mx.array]:
-    """x [B, 1, heads * D] viewed as [B, a, b, 2, D/2] (a * b == heads), split into halves"""
-    return tuple(mx.split(mx.reshape(x, shape), 2, axis=-2))  # type: ignore[return-value]
+def _heads(x: mx.array, heads: int, half: int) -> mx.array:
+    """a projection [B, L, heads * D] as [B, heads, L, 2, D/2] (the transpose of mlx-lm's
+    reshape, with D split in its halves)"""
+    b, rows = x.shape[:2]
+    if rows == 1:
+        return mx.reshape(x, (b, heads, 1, 2, half))
+    return mx.transpose(mx.reshape(x, (b, rows, heads, 2, half)), (0, 2, 1, 3, 4))
 
 
 class DecodeAttention:
-    """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes for one decoding row."""
+    """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes for decoding and verifying
+    rows (those `_decodes` accepts)."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if not _decodes(self, x, mask, cache):
             return super().__call__(x, mask, cache)  # type: ignore[misc]
-        b, n_q, n_kv = x.shape[0], self.n_heads, self.n_kv_heads
+        (b, rows, _), n_q, n_kv = x.shape, self.n_heads, self.n_kv_heads
         d, rep = _head_dim(self), n_q // n_kv
-        cos, sin = self.rope._cos_sin(cache.offset, 1)  # [1, D/2]
+        cos, sin = self.rope.cos_sin_by_row(cache.offset, rows)  # [L, 1, D/2]
         first = _first_half()
-        # the query heads of a KV head as rows (sdpa's fold; with rep == 1 plain MHA)
-        q1, q2 = _halves(self.q_proj(x), (b, n_kv, rep, 2, d // 2))
+        q1, q2 = mx.split(_heads(self.q_proj(x), n_q, d // 2), 2, axis=-2)
         q = _rope_scaled(q1, q2, cos, sin, first, self._scale_array())
-        k1, k2 = _halves(self.k_proj(x), (b, n_kv, 1, 2, d // 2))
-        k = mx.reshape(_rope(k1, k2, cos, sin, first), (b, n_kv, 1, d))
-        v = mx.reshape(self.v_proj(x), (b, n_kv, 1, d))
+        k1, k2 = mx.split(_heads(self.k_proj(x), n_kv, d // 2), 2, axis=-2)
+        k = mx.reshape(_rope(k1, k2, cos, sin, first), (b, n_kv, rows, d))
+        v = self.v_proj(x)
+        if rows == 1:
+            v = mx.reshape(v, (b, n_kv, 1, d))
+        else:
+            v = mx.swapaxes(mx.reshape(v, (b, rows, n_kv, d)), 1, 2)
         keys, values = cache.update_and_fetch(k, v)
-        out = attention.attend(mx.reshape(q, (b, n_kv, rep, d)), keys, values)
-        return self.o_proj(mx.reshape(out, (b, 1, n_q * d)))
+        # sdpa's fold: a KV head's query heads as rows (rep == 1: MHA)
+        q = mx.reshape(q, (b, n_kv, rep * rows, d))
+        out = attention.attend(q, keys, values, None if mask is None else (rows, rep))
+        if rows > 1:
+            out = mx.swapaxes(mx.reshape(out, (b, n_q, rows, d)), 1, 2)
+        return self.o_proj(mx.reshape(out, (b, rows, n_q * d)))
 
     def _scale_array(self) -> mx.array:
         """sdpa's `mx.array(scale, float32)`, kept (not module state)"""

@@ -24,6 +24,7 @@ import mlx.nn as nn
 _ANGLES = 8  # (cos, sin) pairs kept: a step's q and k of every layer share one
 # (dims, base, scale, offset, rows) -> (cos, sin), shared by every twin of the same RoPE
 _SHARED: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()
+_BY_ROW: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()  # the same, [n, 1, d/2]
 # the fused RMSNorm kernel broadcasts two operands with runtime strides: from 8 rows on mlx's
 # separate ops are faster (same bits either way)
 RMS_ROWS = 3
@@ -82,6 +83,18 @@ class ExactRoPE(nn.Module):
             if len(_SHARED) > _ANGLES:
                 _SHARED.popitem(last=False)
         return hit
+
+    def cos_sin_by_row(self, offset: int, n: int) -> tuple[mx.array, mx.array]:
+        """`_cos_sin` shaped [n, 1, dims / 2], to meet heads viewed as [..., n, 2, dims / 2]
+        (kernels/blocks.py); made once for all layers, as `_cos_sin`"""
+        key = (*self._key, offset, n)
+        hit = _BY_ROW.get(key)
+        if hit is None:
+            hit = tuple(mx.expand_dims(a, 1) for a in self._cos_sin(offset, n))
+            _BY_ROW[key] = hit
+            if len(_BY_ROW) > _ANGLES:
+                _BY_ROW.popitem(last=False)
+        return hit  # type: ignore[return-value]
 
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         if self.traditional or x.ndim != 4 or x.dtype != mx.float32 or type(offset) is not int:
