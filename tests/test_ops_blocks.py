@@ -178,11 +178,30 @@ def test_fused_block_equals_mlx_lm(rows, scale, specials, seed) -> None:
     x = _inputs((1, rows, 576), seed + 3, scale, specials)
     mask = None if rows == 1 else "causal"
     assert ours.post_attention_layernorm.fuses(x) == (rows <= layers.RMS_ROWS)
-    with _routed(module):
-        out = ours(x, mask, c_ours)
+    with _routed(module):  # the block twice, as two layers: the second takes the kept square
+        out = ours(ours(x, mask, c_ours), mask, c_ours)
     with _stock_sdpa(module):
-        expected = ref(x, mask, c_ref)
+        expected = ref(ref(x, mask, c_ref), mask, c_ref)
     assert same_bits(out, expected)
+
+
+def test_a_kept_square_goes_to_that_array_once() -> None:
+    x, y = mx.array([1.0, 2.0]), mx.array([1.0, 2.0])
+    square = mx.square(x)
+    layers.keep_square(x, square)
+    assert layers.take_square(y) is None  # another array, though equal: nothing
+    layers.keep_square(x, square)
+    assert layers.take_square(x) is square
+    assert layers.take_square(x) is None  # taken once
+
+
+def test_angles_by_row_equal_the_angles() -> None:
+    rope = layers.ExactRoPE(64, False, 10000.0, 1.0)
+    for offset, n in [(0, 1), (200, 1), (199_999, 8), (5, 33)]:
+        by_row = rope.cos_sin_by_row(offset, n)
+        assert rope.cos_sin_by_row(offset, n) is by_row  # made once for every layer
+        for a, b in zip(rope._cos_sin(offset, n), by_row, strict=True):
+            assert b.shape == (n, 1, 32) and same_bits(a, b.reshape(n, 32))
 
 
 def _fallback_cases():

@@ -165,7 +165,9 @@ class FusedBlock:
         r = self.self_attn(self.input_layernorm(x), mask, cache)
         h, square = _add_square(x, r)
         r = self.mlp(norm.from_square(h, square))
-        return h + r
+        out, square = _add_square(h, r)
+        layers.keep_square(out, square)  # the next block's (or the model's) RMSNorm takes it
+        return out
 
 
 _TWINS: dict[type, type] = {}

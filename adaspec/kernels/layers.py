@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -89,8 +90,9 @@ class ExactRoPE(nn.Module):
         (kernels/blocks.py); made once for all layers, as `_cos_sin`"""
         key = (*self._key, offset, n)
         hit = _BY_ROW.get(key)
-        if hit is None:
-            hit = tuple(mx.expand_dims(a, 1) for a in self._cos_sin(offset, n))
+        if hit is None:  # positions as a constant [n, 1]: the angles come out [n, 1, dims / 2]
+            pos = mx.array([[float(i)] for i in range(n)], mx.float32)
+            hit = _angles(pos, mx.array(offset, mx.int32), self._scale, self._inv_freqs)
             _BY_ROW[key] = hit
             if len(_BY_ROW) > _ANGLES:
                 _BY_ROW.popitem(last=False)
@@ -116,6 +118,22 @@ def _normalize(
     return x * mx.rsqrt(total * inv_n + eps) * weight
 
 
+_kept = threading.local()
+
+
+def keep_square(x: mx.array, square: mx.array) -> None:
+    """Keep `mx.square(x)`, made in the kernel that formed x (kernels/blocks.py), for the
+    ExactRMSNorm that receives this very array next (one per thread; taken once)."""
+    _kept.pair = (x, square)
+
+
+def take_square(x: mx.array) -> mx.array | None:
+    """The square kept with x by `keep_square`, if x is that array; the slot is emptied."""
+    pair = getattr(_kept, "pair", None)
+    _kept.pair = None
+    return pair[1] if pair is not None and pair[0] is x else None
+
+
 class ExactRMSNorm(nn.Module):
     """nn.RMSNorm for fp32 inputs with mx.fast.rms_norm's CPU fallback arithmetic."""
 
@@ -125,9 +143,10 @@ class ExactRMSNorm(nn.Module):
         self.weight = mx.ones((dims,))
 
     def __call__(self, x: mx.array) -> mx.array:
+        square = take_square(x)
         if not self.fuses(x):
             return mx.fast.rms_norm(x, self.weight, self.eps)
-        return self.from_square(x, mx.square(x))
+        return self.from_square(x, mx.square(x) if square is None else square)
 
     def fuses(self, x: mx.array) -> bool:
         """whether this twin evaluates x itself (else mx.fast.rms_norm does)"""
