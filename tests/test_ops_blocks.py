@@ -89,6 +89,13 @@ def _routed(module):
         module.scaled_dot_product_attention = saved
 
 
+def _short(attn, x, mask, cache) -> bool:
+    """whether the attention twin takes its short path for this call"""
+    if not blocks._decodes(attn, x, mask, cache):
+        return False
+    return blocks._projects(attn, attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+
+
 def _inputs(shape, seed: int, scale: float, specials: int) -> mx.array:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(shape).astype(np.float32) * scale
@@ -136,7 +143,7 @@ def test_decode_attention_equals_mlx_lm(shape, rows, context, scale, specials, s
     for step in range(3):  # the cache grows past a 256-slot boundary at context 254, 256
         x = _inputs((1, rows, heads * head_dim), seed + step + 7, scale, specials)
         with _routed(module):
-            assert blocks._decodes(ours.self_attn, x, mask, c_ours)
+            assert _short(ours.self_attn, x, mask, c_ours)
             out = ours.self_attn(x, mask, c_ours)
         with _stock_sdpa(module):
             expected = ref.self_attn(x, mask, c_ref)
@@ -157,10 +164,29 @@ def test_decode_attention_in_a_batch_of_two() -> None:
         caches.append(c)
     x = _inputs((2, 1, 576), 3, 1.0, 4)
     with _routed(module):
-        assert blocks._decodes(ours.self_attn, x, None, caches[0])
+        assert _short(ours.self_attn, x, None, caches[0])
         out = ours.self_attn(x, None, caches[0])
     with _stock_sdpa(module):
         assert same_bits(out, ref.self_attn(x, None, caches[1]))
+
+
+def test_decode_attention_on_quantized_projections() -> None:
+    """the twin changes nothing before or after the projections' own call: quantized
+    projections with fp32 outputs take the short path with stock bits too"""
+    import mlx.nn as nn
+
+    module, ref, ours = _pair("qwen2", 14, 2, 64, 11)
+    nn.quantize(ref, group_size=32, bits=4)
+    nn.quantize(ours, group_size=32, bits=4)
+    c_ref, c_ours = _caches(300, 2, 64, 4, 0)
+    for rows in (1, 1, 2):
+        x = _inputs((1, rows, 896), rows, 1.0, 2)
+        mask = None if rows == 1 else "causal"
+        with _routed(module):
+            assert _short(ours.self_attn, x, mask, c_ours)
+            out = ours.self_attn(x, mask, c_ours)
+        with _stock_sdpa(module):
+            assert same_bits(out, ref.self_attn(x, mask, c_ref))
 
 
 @settings(deadline=None, max_examples=20)
@@ -240,10 +266,10 @@ def test_attention_falls_back_where_it_does_not_apply(case) -> None:
     x = _inputs((1, rows, 128), 9, 1.0, 0).astype(dtype)
     m = mx.ones((1, 1, rows, context + rows), mx.bool_) if mask == "array" else mask
     with _routed(module):
-        assert not blocks._decodes(ours.self_attn, x, m, caches[0]), name
+        assert not _short(ours.self_attn, x, m, caches[0]), name
         out = ours.self_attn(x, m, caches[0])
     with _stock_sdpa(module):
-        assert not blocks._decodes(ours.self_attn, x, m, caches[1])  # mlx-lm's sdpa installed
+        assert not _short(ours.self_attn, x, m, caches[1])  # mlx-lm's sdpa installed
         expected = ref.self_attn(x, m, caches[1])
     assert np.array_equal(np.array(out), np.array(expected), equal_nan=True), name
     if dtype == mx.float32:

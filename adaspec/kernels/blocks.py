@@ -66,34 +66,17 @@ def _kv_cache() -> type:
     return KVCache
 
 
-def _head_dim(attn: Any) -> int:
-    return attn.q_proj.weight.shape[0] // attn.n_heads
-
-
-def _fp32(linear: Any) -> bool:
-    w = getattr(linear, "weight", None)
-    b = linear.get("bias") if isinstance(linear, dict) else None
-    return (
-        isinstance(w, mx.array)
-        and w.dtype == mx.float32
-        and (b is None or (isinstance(b, mx.array) and b.dtype == mx.float32))
-    )
-
-
 def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
-    """Whether `DecodeAttention` takes its short path: stock mlx-lm would run `attention.sdpa`
-    with the query heads folded into rows (or MHA) on fp32 rows with no mask or the causal
-    one, through an ExactRoPE over the whole head, on a plain KVCache."""
+    """Whether `DecodeAttention` may take its short path, before the projections: stock
+    mlx-lm would run `attention.sdpa` with the query heads folded into rows (or MHA) on rows
+    with no mask or the causal one, through an ExactRoPE over the whole head (D = its dims,
+    checked against the projections by `_projects`), on a plain KVCache."""
     if not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
-    if x.ndim != 3 or x.dtype != mx.float32:
+    if x.ndim != 3 or type(cache) is not _kv_cache() or type(cache.offset) is not int:
         return False
-    if type(cache) is not _kv_cache() or type(cache.offset) is not int:
-        return False
-    rope, d = attn.rope, _head_dim(attn)
-    if type(rope) is not layers.ExactRoPE or rope.traditional or rope.dims != d or d % 2:
-        return False
-    if not all(_fp32(p) for p in (attn.q_proj, attn.k_proj, attn.v_proj)):
+    rope = attn.rope
+    if type(rope) is not layers.ExactRoPE or rope.traditional or rope.dims % 2:
         return False
     home = sys.modules.get(type(attn).__bases__[1].__module__)
     routed = getattr(home, "scaled_dot_product_attention", None)
@@ -103,8 +86,18 @@ def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
     k_len, rep = cache.offset + rows, attn.n_heads // attn.n_kv_heads
     return (
         rows * k_len >= attention.MIN_SCORES
-        and (rep == 1 or attention.folds(rep * rows, k_len, d))
+        and (rep == 1 or attention.folds(rep * rows, k_len, rope.dims))
         and mx.default_device() == mx.cpu
+    )
+
+
+def _projects(attn: Any, q: mx.array, k: mx.array, v: mx.array) -> bool:
+    """the projections are fp32 (sdpa's fast path) and their heads are RoPE's dims wide"""
+    d = attn.rope.dims
+    return (
+        q.dtype == k.dtype == v.dtype == mx.float32
+        and q.shape[-1] == attn.n_heads * d
+        and k.shape[-1] == v.shape[-1] == attn.n_kv_heads * d
     )
 
 
@@ -119,20 +112,24 @@ def _heads(x: mx.array, heads: int, half: int) -> mx.array:
 
 class DecodeAttention:
     """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes for decoding and verifying
-    rows (those `_decodes` accepts)."""
+    rows (those `_decodes` and `_projects` accept)."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        if not _decodes(self, x, mask, cache):
-            return super().__call__(x, mask, cache)  # type: ignore[misc]
-        (b, rows, _), n_q, n_kv = x.shape, self.n_heads, self.n_kv_heads
-        d, rep = _head_dim(self), n_q // n_kv
+        if _decodes(self, x, mask, cache):
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            if _projects(self, q, k, v):
+                return self._attend(q, k, v, mask, cache)
+        return super().__call__(x, mask, cache)  # type: ignore[misc]
+
+    def _attend(self, q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any):
+        (b, rows, _), n_q, n_kv = q.shape, self.n_heads, self.n_kv_heads
+        d, rep = self.rope.dims, n_q // n_kv
         cos, sin = self.rope.cos_sin_by_row(cache.offset, rows)  # [L, 1, D/2]
         first = _first_half()
-        q1, q2 = mx.split(_heads(self.q_proj(x), n_q, d // 2), 2, axis=-2)
+        q1, q2 = mx.split(_heads(q, n_q, d // 2), 2, axis=-2)
         q = _rope_scaled(q1, q2, cos, sin, first, self._scale_array())
-        k1, k2 = mx.split(_heads(self.k_proj(x), n_kv, d // 2), 2, axis=-2)
+        k1, k2 = mx.split(_heads(k, n_kv, d // 2), 2, axis=-2)
         k = mx.reshape(_rope(k1, k2, cos, sin, first), (b, n_kv, rows, d))
-        v = self.v_proj(x)
         if rows == 1:
             v = mx.reshape(v, (b, n_kv, 1, d))
         else:
