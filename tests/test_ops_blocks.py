@@ -191,19 +191,20 @@ def test_decode_attention_on_quantized_projections() -> None:
 
 @settings(deadline=None, max_examples=20)
 @given(
-    rows=st.sampled_from([1, 2, 3, 8]),
+    rows=st.sampled_from([1, 2, 3, 8, 32, 40]),
     scale=st.sampled_from([1e-3, 1.0, 30.0]),
     specials=st.sampled_from([0, 3]),
     seed=st.integers(0, 2**31 - 1),
 )
 def test_fused_block_equals_mlx_lm(rows, scale, specials, seed) -> None:
     """the decoder block (residual sum and its square in one kernel) against stock mlx-lm, at
-    rows the twin fuses (up to layers.RMS_ROWS) and beyond"""
+    rows the twin fuses (one kernel up to layers.RMS_ROWS, two up to RMS_MAX_ROWS) and
+    beyond"""
     module, ref, ours = _pair("llama", 9, 3, 64, seed)
     c_ref, c_ours = _caches(180, 3, 64, seed, specials)
     x = _inputs((1, rows, 576), seed + 3, scale, specials)
     mask = None if rows == 1 else "causal"
-    assert ours.post_attention_layernorm.fuses(x) == (rows <= layers.RMS_ROWS)
+    assert ours.post_attention_layernorm.fuses(x) == (rows <= layers.RMS_MAX_ROWS)
     with _routed(module):  # the block twice, as two layers: the second takes the kept square
         out = ours(ours(x, mask, c_ours), mask, c_ours)
     with _stock_sdpa(module):

@@ -26,9 +26,12 @@ _ANGLES = 8  # (cos, sin) pairs kept: a step's q and k of every layer share one
 # (dims, base, scale, offset, rows) -> (cos, sin), shared by every twin of the same RoPE
 _SHARED: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()
 _BY_ROW: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()  # the same, [n, 1, d/2]
-# the fused RMSNorm kernel broadcasts two operands with runtime strides: from 8 rows on mlx's
-# separate ops are faster (same bits either way)
+# RMSNorm up to RMS_ROWS rows: one kernel after the sum (rsqrt per element); up to
+# RMS_MAX_ROWS: the rows' factors rsqrt(mean + eps) in one kernel, then x * factor * weight in
+# another (a kernel broadcasting two operands with runtime strides falls behind mlx's separate
+# ops as rows grow, benchmarks/forward_ops.py); beyond: mx.fast.rms_norm. Same bits throughout.
 RMS_ROWS = 3
+RMS_MAX_ROWS = 32
 
 
 def _logf(x: float) -> float:
@@ -118,6 +121,22 @@ def _normalize(
     return x * mx.rsqrt(total * inv_n + eps) * weight
 
 
+@partial(mx.compile, shapeless=True)
+def _row_factor(total: mx.array, inv_n: mx.array, eps: mx.array) -> mx.array:
+    """`_normalize`'s rsqrt(mean + eps), once per row"""
+    return mx.rsqrt(total * inv_n + eps)
+
+
+@partial(mx.compile, shapeless=True)
+def _scale_rows(x: mx.array, factor: mx.array, weight: mx.array) -> mx.array:
+    """`_normalize`'s products, given the rows' factors"""
+    return x * factor * weight
+
+
+def _rows(x: mx.array) -> int:
+    return x.size // max(x.shape[-1], 1)
+
+
 _kept = threading.local()
 
 
@@ -150,14 +169,18 @@ class ExactRMSNorm(nn.Module):
 
     def fuses(self, x: mx.array) -> bool:
         """whether this twin evaluates x itself (else mx.fast.rms_norm does)"""
-        rows = x.size // max(x.shape[-1], 1)
-        return rows <= RMS_ROWS and x.dtype == mx.float32 and self.weight.dtype == mx.float32
+        return (
+            _rows(x) <= RMS_MAX_ROWS and x.dtype == mx.float32 and self.weight.dtype == mx.float32
+        )
 
     def from_square(self, x: mx.array, square: mx.array) -> mx.array:
         """the norm of x given `mx.square(x)` (made elsewhere, e.g. in the kernel that forms x);
         for inputs where `fuses(x)`"""
         total = mx.sum(square, -1, keepdims=True)
-        return _normalize(x, total, *self._constants(x.shape[-1]), self.weight)
+        inv_n, eps = self._constants(x.shape[-1])
+        if _rows(x) <= RMS_ROWS:
+            return _normalize(x, total, inv_n, eps, self.weight)
+        return _scale_rows(x, _row_factor(total, inv_n, eps), self.weight)
 
     def _constants(self, n: int) -> tuple[mx.array, mx.array]:
         """(mx.mean's normalizer float32(1 / n), made from the double as mlx does; eps), kept"""
