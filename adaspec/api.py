@@ -93,14 +93,19 @@ def resolve_drafters(
     return arms
 
 
-def default_policy(arms: Sequence[DraftModel], settings: settings_mod.Settings) -> SpecPolicy:
+def default_policy(
+    arms: Sequence[DraftModel], settings: settings_mod.Settings, model: Any = None
+) -> SpecPolicy:
     """Gated (per ADASPEC_GATE; "off" never floors) with adaptive draft length when there is a
-    drafter; plain AR otherwise."""
+    drafter; plain AR otherwise. With `model`, its plain-step time measured by an earlier
+    generation in the process is reused (policy/clock.py, shared_for)."""
     if not arms:
         return NeverSpeculate()
     from .policy.adaptive import GatedPolicy, PolicyConfig
+    from .policy.clock import shared_for
 
-    return GatedPolicy(PolicyConfig.from_settings(settings))
+    shared = None if model is None else shared_for(model)
+    return GatedPolicy(PolicyConfig.from_settings(settings), shared)
 
 
 def _find_stop(text: str, stop: Sequence[str], since: int) -> int | None:
@@ -141,7 +146,7 @@ class PromptCache:
         self.arms = resolve_drafters(drafter, self.target.info, self.settings)
         # the default policy of this cache's generations: what it measured of the arms carries
         # from one turn to the next (GatedPolicy.start)
-        self.policy = default_policy(self.arms, self.settings)
+        self.policy = default_policy(self.arms, self.settings, model)
 
     def reset(self) -> None:
         """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
@@ -248,7 +253,7 @@ def start_decoder(
         tree_nodes=0 if shared_forward else settings.tree_cap,
         overlap_draft=settings.overlap_draft,
     )
-    pol = policy or (pc.policy if pc else default_policy(arms, settings))
+    pol = policy or (pc.policy if pc else default_policy(arms, settings, model))
     held = pc.tokens if pc else ()
     decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
     return decoder, ids

@@ -196,14 +196,19 @@ def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, A
 def fast_ops_report() -> dict[str, Any]:
     """Whether mlx's JIT kernels are built for this CPU and attention runs the vectorized
     softmax (kernels/jit.py, kernels/attention.py), and why not."""
-    from .kernels import attention, jit
+    from .kernels import attention, blas, jit, native
 
     st = jit.status()
+    if attention.enabled() and blas.routed():
+        native.get()
+    ns = native.status()
     return {
+        "native": "active" if ns and ns.active else (ns.reason if ns else "not used"),
         "jit": "active" if st and st.active else (st.reason if st else "not set up"),
         "kernel_dir": str(st.directory) if st and st.directory else None,
         "attention": attention.enabled(),
         "attention_modules": attention.installed(),
+        "allocator": os.environ.get("GLIBC_TUNABLES") or "glibc's defaults",
     }
 
 
@@ -324,6 +329,8 @@ def format_report(d: dict[str, Any]) -> str:
             f"fast ops      JIT kernels {fo['jit']}; attention: "
             + (f"vectorized softmax ({modules})" if fo["attention"] else "mlx's fallback")
         )
+        lines.append(f"native ops    {fo.get('native', '?')} (attention in one graph node)")
+        lines.append(f"allocator     {fo.get('allocator', '?')} (ADASPEC_MALLOC_TCACHE)")
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
     if blas.get("note"):

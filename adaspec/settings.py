@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     # Linux x86-64 CPU: mlx's compiled kernels built for this CPU and attention with a vectorized
     # softmax, each giving stock mlx's exact bits (adaspec/kernels/jit.py, attention.py)
     fast_ops: bool = True
+    # the command line's glibc per-thread allocator cache, chunks per size (0 = glibc's default)
+    malloc_tcache: int = Field(1000, ge=0, le=65535)
     cache: Path = Field(default_factory=lambda data: default_cache(data.get("xdg_cache_home")))
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)

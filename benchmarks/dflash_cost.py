@@ -45,6 +45,7 @@ from adaspec.kernels import blas
 from adaspec.kernels.shadow import shadow_model
 from adaspec.targets.base import embedding_and_head, target_info
 from adaspec.targets.kv import KVTarget
+from adaspec.train.corpus import SHIPPED_CORPUS
 
 SMOLLM2 = dict(
     hidden_size=576,
@@ -57,10 +58,8 @@ SMOLLM2 = dict(
     rope_theta=100000.0,
     tie_word_embeddings=True,
 )
-TAPS = (1, 7, 14, 20, 27)
-CORPUS = (
-    Path(__file__).resolve().parents[2] / "shared" / "corpus"
-)  # z-lab's rule: 5 layers evenly from 1 to L-3
+TAPS = (1, 7, 14, 20, 27)  # z-lab's rule: 5 layers evenly from 1 to L-3
+CORPUS = SHIPPED_CORPUS
 
 
 def random_smollm2():

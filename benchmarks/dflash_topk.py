@@ -19,7 +19,7 @@ from adaspec.prompting import prompt_ids
 from adaspec.targets import make_target
 from adaspec.targets.loader import load
 
-SUITE = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+SUITE = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
 TOP = 4
 
 

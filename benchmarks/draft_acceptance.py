@@ -17,7 +17,7 @@ from adaspec.prompting import prompt_ids
 from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
-SUITE = Path(__file__).resolve().parents[2] / "shared" / "prompts" / "dev.jsonl"
+SUITE = Path(__file__).resolve().parent / "prompts" / "dev.jsonl"
 CODE = ("code-edit", "code-doc", "code-gen")
 
 

@@ -1,11 +1,15 @@
-"""Forward cost with ADASPEC_FAST_OPS off and on: benchmarks/forward_cost.py run in fresh
-processes, alternately, per context; medians over rounds (docs/fast_ops.md, "Cost").
+"""Forward cost with ADASPEC_FAST_OPS off and on (or any variable at two values, --env):
+benchmarks/forward_cost.py run in fresh processes, alternately, per context; medians over
+rounds (docs/fast_ops.md, "Cost").
 
     python benchmarks/fast_ops_ab.py [--model smollm2-135m] [--contexts 200,2000]
         [--sizes 1,8,16] [--rounds 3] [--repeats 9] [--json out.json]
+        [--env NAME=OFF,ON]    # default ADASPEC_FAST_OPS=off,on
+    python benchmarks/fast_ops_ab.py --env GLIBC_TUNABLES=,glibc.malloc.tcache_count=1000
 
-The JIT kernels of one process cannot be switched off once loaded, so the two sides run in
-separate processes, taking turns (a change in the machine's load falls on both alike).
+The JIT kernels of one process cannot be switched off once loaded (nor glibc's tunables set
+after it starts), so the two sides run in separate processes, taking turns (a change in the
+machine's load falls on both alike).
 """
 
 import argparse
@@ -20,10 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def run(model: str, context: int, sizes: str, repeats: int, fast: bool) -> dict:
+def run(model: str, context: int, sizes: str, repeats: int, var: tuple[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "cost.json"
-        env = {**os.environ, "ADASPEC_FAST_OPS": "on" if fast else "off"}
+        env = {**os.environ, var[0]: var[1]}
         cmd = [sys.executable, str(HERE / "forward_cost.py"), "--model", model]
         cmd += ["--context", str(context), "--sizes", sizes, "--repeats", str(repeats)]
         subprocess.run([*cmd, "--json", str(out)], env=env, check=True, capture_output=True)
@@ -76,15 +80,21 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--json", default=None)
+    p.add_argument("--env", default="ADASPEC_FAST_OPS=off,on", help="NAME=OFF,ON")
     a = p.parse_args()
     if "1" not in a.sizes.split(","):
         p.error(f"--sizes {a.sizes}: must include 1")
-    result: dict = {"load_average_before": os.getloadavg()[0]}
+    name, _, values = a.env.partition("=")
+    if not name or values.count(",") != 1:
+        p.error(f"--env {a.env!r}: accepted: NAME=OFF,ON (one comma; a side may be empty)")
+    sides = {False: (name, values.split(",")[0]), True: (name, values.split(",")[1])}
+    print(f"off: {name}={sides[False][1]!r}, on: {name}={sides[True][1]!r}")
+    result: dict = {"env": a.env, "load_average_before": os.getloadavg()[0]}
     for context in (int(c) for c in a.contexts.split(",")):
         runs: dict[bool, list[dict]] = {False: [], True: []}
         for _ in range(a.rounds):
             for fast in (False, True):
-                runs[fast].append(run(a.model, context, a.sizes, a.repeats, fast))
+                runs[fast].append(run(a.model, context, a.sizes, a.repeats, sides[fast]))
         off, on = medians(runs[False]), medians(runs[True])
         print("\n".join(table(context, off, on)), flush=True)
         result[str(context)] = {

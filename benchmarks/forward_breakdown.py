@@ -3,17 +3,19 @@ the graph's nodes, the GEMMs, mlx's other ops, and the waits between threads, pe
 real model at a given context (docs/fast_ops.md, "Cost").
 
     python benchmarks/forward_breakdown.py [--model smollm2-135m] [--contexts 200,2000]
-        [--rows 1] [--rounds 40] [--variants twins,no-blocks,stock-linear,stock] [--json out.json]
+        [--rows 1] [--rounds 40] [--variants twins,no-blocks,no-native,stock-linear,stock]
+        [--json out.json]
 
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin
-(blocks.py's attention and decoder blocks included) and the attention path replaced by stock
-mlx-lm modules (mlx's JIT kernels stay ours), `no-blocks` as `twins` with mlx-lm's own
-attention and decoder-block code around the twins (blocks.uninstall). Figures are medians
-over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which other
-jobs on the machine do not inflate, unlike wall times.
+`no-blocks` as `twins` with mlx-lm's own attention and decoder-block code around the twins
+(blocks.uninstall), `no-native` as `twins` with attention as mlx ops instead of the one-node
+native primitive (kernels/native.py), `stock-linear` with mlx's nn.Linear in place of the
+Linear twin, `stock` with every twin (blocks.py's included) and the attention path replaced by
+stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are medians over rounds; CPU times
+come from the kernel's per-thread accounting (schedstat), which other jobs on the machine do
+not inflate, unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
@@ -29,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
-from adaspec.kernels import blas, blocks, fast_ops, layers
+from adaspec.kernels import attention, blas, blocks, fast_ops, layers
 from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
@@ -86,6 +88,13 @@ def _stock(m):
     return ref
 
 
+_NATIVE = attention._native
+
+
+def _no_native(*args):
+    return None
+
+
 class Variants:
     """Switch one model between its twins and stock modules (the same arrays throughout)."""
 
@@ -104,6 +113,7 @@ class Variants:
                     self.swaps.append((parent, key, child, ref))
 
     def use(self, name: str) -> None:
+        attention._native = _no_native if name == "no-native" else _NATIVE
         stock = name == "stock"
         self.module.scaled_dot_product_attention = self.stock_sdpa if stock else self.routed
         if stock or name == "no-blocks":
@@ -173,13 +183,14 @@ def main() -> None:
     p.add_argument("--contexts", default="200,2000")
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--variants", default="twins,stock-linear,stock")
+    p.add_argument("--variants", default="twins,no-native,stock-linear,stock")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     names = a.variants.split(",")
-    unknown = set(names) - {"twins", "no-blocks", "stock-linear", "stock"}
+    unknown = set(names) - {"twins", "no-blocks", "no-native", "stock-linear", "stock"}
     if unknown:
-        p.error(f"--variants {a.variants}: accepted twins, no-blocks, stock-linear, stock")
+        accepted = "twins, no-blocks, no-native, stock-linear, stock"
+        p.error(f"--variants {a.variants}: accepted {accepted}")
     model, _ = load(a.model, settings=from_env(dict(os.environ)))
     fast_ops.install(model)
     variants = Variants(model)

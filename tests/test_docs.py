@@ -174,3 +174,12 @@ def test_docs_describe_the_project_as_it_is():
     for path in [*DOCS, CARD]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
             assert not HISTORY.search(line), f"{path.name}:{n}: history word: {line.strip()}"
+
+
+def test_nothing_in_the_repo_reads_outside_it():
+    """Benchmarks, the package and the tests name files in the repository, never a sibling
+    directory of the clone (the development prompts and the corpus ship in the repo)."""
+    outside = re.compile(r"""\.\./shared|/ "shared"|"shared" /""")
+    files = [*ROOT.glob("adaspec/**/*.py"), *ROOT.glob("benchmarks/*.py"), *ROOT.glob("tests/*.py")]
+    hits = [str(p.relative_to(ROOT)) for p in files if outside.search(p.read_text())]
+    assert hits == [] or hits == ["tests/test_docs.py"], hits

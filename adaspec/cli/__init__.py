@@ -73,6 +73,8 @@ def add_plugin_flag(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the process's own command line: restart it under the tuned allocator
+        _restart_tuned()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_extra", False):  # serve parses its own flags
@@ -91,6 +93,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _restart_tuned() -> None:
+    from ..settings import get
+    from .malloc import restart_tuned
+
+    try:
+        count = get().malloc_tcache
+    except AdaspecError:  # a bad ADASPEC_* variable is reported below, in one line
+        return
+    restart_tuned(count)
 
 
 if __name__ == "__main__":

@@ -59,8 +59,14 @@ def sdpa(
     mask: mx.array | str | None = None,
 ) -> mx.array:
     """fast.cpp's CPU fallback for fp32 inputs of rank 4 ([B, heads, L, D]), GQA included,
-    with `softmax` above; `mask` None, "causal", a bool array or an additive array."""
+    with `softmax` above; `mask` None, "causal", a bool array or an additive array. With
+    no mask or the causal one on the routed kernel, the same arithmetic in one graph node
+    (kernels/native.py) when that extension is built."""
     n_q, n_kv, q_len = queries.shape[1], keys.shape[1], queries.shape[2]
+    core = _native(queries, keys, mask)
+    if core is not None:
+        fold = n_q > n_kv and _folds(n_q // n_kv * q_len, keys)
+        return core.attention_core(queries, keys, values, scale, mask == "causal", fold)
     q = _scaled(mx.array(scale, queries.dtype), queries)
     k, v, rep = keys, values, n_q // n_kv
     fold = rep > 1 and _folds(rep * q_len, keys)
@@ -91,6 +97,18 @@ def sdpa(
         return mx.reshape(out, queries.shape[:-1] + (values.shape[-1],))
     out = probs @ v
     return mx.flatten(out, 1, 2) if rep > 1 else out
+
+
+def _native(queries: mx.array, keys: mx.array, mask: Any) -> Any:
+    """The native extension when it covers this call (no mask, or causal with at least as
+    many keys as query rows; the routed kernel, whose GEMMs it calls as mlx's Matmul does)."""
+    if not (mask is None or (isinstance(mask, str) and queries.shape[-2] <= keys.shape[-2])):
+        return None
+    if not blas.routed():
+        return None
+    from . import native
+
+    return native.get()
 
 
 def _folds(rows: int, keys: mx.array) -> bool:
@@ -152,7 +170,7 @@ def scaled_dot_product_attention(
     if (
         sinks is None
         and not hasattr(cache, "bits")
-        and pays(queries, keys)
+        and (pays(queries, keys) or _native(queries, keys, mask) is not None)
         and handles(queries, keys, values, mask)
     ):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
@@ -169,7 +187,11 @@ def fast_sdpa(
 ) -> mx.array:
     """mx.fast.scaled_dot_product_attention, running `sdpa` where `enabled()` and it applies
     (for models of our own, such as the DFlash drafter)."""
-    if enabled() and pays(queries, keys) and handles(queries, keys, values, mask):
+    if (
+        enabled()
+        and (pays(queries, keys) or _native(queries, keys, mask) is not None)
+        and handles(queries, keys, values, mask)
+    ):
         return sdpa(queries, keys, values, scale=scale, mask=mask)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
