@@ -90,10 +90,30 @@ def _routed(module):
 
 
 def _short(attn, x, mask, cache) -> bool:
-    """whether the attention twin takes its short path for this call"""
+    """whether the attention twin takes a short path for this call (as its __call__ decides)"""
     if not blocks._decodes(attn, x, mask, cache):
         return False
-    return blocks._projects(attn, attn.q_proj(x), attn.k_proj(x), attn.v_proj(x))
+    core = blocks._native(x)
+    if core is None and not blocks._folds_in_ops(attn, x.shape[1], cache):
+        return False
+    return blocks._projects(attn, *blocks._project(attn, x, core))
+
+
+NATIVE = attention._native
+
+
+def _no_native(*_):
+    return None
+
+
+@contextmanager
+def _natives(on: bool):
+    """the native extension (kernels/native.py) where it is built, or mlx ops only"""
+    attention._native = NATIVE if on else _no_native
+    try:
+        yield
+    finally:
+        attention._native = NATIVE
 
 
 def _inputs(shape, seed: int, scale: float, specials: int) -> mx.array:
@@ -128,14 +148,23 @@ def _caches(context: int, kv_heads: int, head_dim: int, seed: int, specials: int
     scale=st.sampled_from([1e-3, 1.0, 50.0]),
     specials=st.sampled_from([0, 0, 3, 12]),
     seed=st.integers(0, 2**31 - 1),
+    native=st.booleans(),
 )
-def test_decode_attention_equals_mlx_lm(shape, rows, context, scale, specials, seed) -> None:
-    """steps of 1 row (no mask) and verifies of 2-8 rows (the causal mask) through the twin
-    against stock mlx-lm (nn.Linear, nn.RoPE, mlx's sdpa): the outputs and the caches they
-    leave, bit for bit, on inputs with +-0, +-inf, NaN, denormals and huge values"""
+def test_decode_attention_equals_mlx_lm(
+    shape, rows, context, scale, specials, seed, native
+) -> None:
+    """steps of 1 row (no mask) and verifies of 2-8 rows (the causal mask) through the twin,
+    with the native extension and with mlx ops only, against stock mlx-lm (nn.Linear,
+    nn.RoPE, mlx's sdpa): the outputs and the caches they leave, bit for bit, on inputs with
+    +-0, +-inf, NaN, denormals and huge values"""
+    with _natives(native):
+        _decode_steps(shape, rows, context, scale, specials, seed)
+
+
+def _decode_steps(shape, rows, context, scale, specials, seed) -> None:
     arch, heads, kv_heads, head_dim = shape
     rep = heads // kv_heads
-    if rep * rows > 32:  # past the fold (blas.KERNEL_ROWS): the twin leaves it to mlx-lm
+    if rep * rows > 32:  # past the fold (blas.KERNEL_ROWS): mlx ops only with the native core
         rows = 32 // rep
     module, ref, ours = _pair(arch, heads, kv_heads, head_dim, seed)
     c_ref, c_ours = _caches(context, kv_heads, head_dim, seed, specials)
@@ -168,6 +197,20 @@ def test_decode_attention_in_a_batch_of_two() -> None:
         out = ours.self_attn(x, None, caches[0])
     with _stock_sdpa(module):
         assert same_bits(out, ref.self_attn(x, None, caches[1]))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_several_rows_with_no_mask(native) -> None:
+    """rows > 1 with no mask: the native path's attention_core (not attention_rows, which
+    masks several rows), or sdpa's mlx ops"""
+    module, ref, ours = _pair("llama", 9, 3, 64, 21)
+    c_ref, c_ours = _caches(200, 3, 64, 8, 2)
+    x = _inputs((1, 3, 576), 5, 1.0, 2)
+    with _natives(native), _routed(module):
+        assert _short(ours.self_attn, x, None, c_ours)
+        out = ours.self_attn(x, None, c_ours)
+    with _stock_sdpa(module):
+        assert same_bits(out, ref.self_attn(x, None, c_ref))
 
 
 def test_decode_attention_on_quantized_projections() -> None:
@@ -246,7 +289,7 @@ def _fallback_cases():
 
 @pytest.mark.parametrize("case", range(6))
 def test_attention_falls_back_where_it_does_not_apply(case) -> None:
-    """calls the short path does not cover run mlx-lm's own code, with the same bits"""
+    """calls the short paths do not cover run mlx-lm's own code, with the same bits"""
     from mlx_lm.models.cache import QuantizedKVCache, RotatingKVCache
 
     name, rows, cache_type, mask, dtype = _fallback_cases()[case]
@@ -266,8 +309,10 @@ def test_attention_falls_back_where_it_does_not_apply(case) -> None:
         ours.set_dtype(dtype)
     x = _inputs((1, rows, 128), 9, 1.0, 0).astype(dtype)
     m = mx.ones((1, 1, rows, context + rows), mx.bool_) if mask == "array" else mask
-    with _routed(module):
-        assert not _short(ours.self_attn, x, m, caches[0]), name
+    native = attention._native(x, x, None) is not None
+    with _routed(module):  # the native extension covers these two where it is built
+        covered = native and name in ("rows past the fold", "too few scores")
+        assert _short(ours.self_attn, x, m, caches[0]) == covered, name
         out = ours.self_attn(x, m, caches[0])
     with _stock_sdpa(module):
         assert not _short(ours.self_attn, x, m, caches[1])  # mlx-lm's sdpa installed

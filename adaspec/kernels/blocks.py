@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from . import attention, layers
 
@@ -67,10 +68,10 @@ def _kv_cache() -> type:
 
 
 def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
-    """Whether `DecodeAttention` may take its short path, before the projections: stock
-    mlx-lm would run `attention.sdpa` with the query heads folded into rows (or MHA) on rows
-    with no mask or the causal one, through an ExactRoPE over the whole head (D = its dims,
-    checked against the projections by `_projects`), on a plain KVCache."""
+    """Whether `DecodeAttention` may take a short path, before the projections: rows with no
+    mask or the causal one, through an ExactRoPE over the whole head (D = its dims, checked
+    against the projections by `_projects`), on a plain KVCache, on the CPU, with mlx-lm's
+    attention routed to `attention.scaled_dot_product_attention`."""
     if not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
     if x.ndim != 3 or type(cache) is not _kv_cache() or type(cache.offset) is not int:
@@ -80,15 +81,44 @@ def _decodes(attn: Any, x: mx.array, mask: Any, cache: Any) -> bool:
         return False
     home = sys.modules.get(type(attn).__bases__[1].__module__)
     routed = getattr(home, "scaled_dot_product_attention", None)
-    if routed is not attention.scaled_dot_product_attention:
-        return False
-    rows = x.shape[1]
+    return routed is attention.scaled_dot_product_attention and mx.default_device() == mx.cpu
+
+
+def _native(x: mx.array) -> Any:
+    """the native extension where attention uses it (`attention._native`, which benchmarks
+    may switch off; with no mask it looks at nothing but the routed kernel and the build)"""
+    return attention._native(x, x, None)
+
+
+def _folds_in_ops(attn: Any, rows: int, cache: Any) -> bool:
+    """sdpa's mlx-op path (no native extension) that the short path reproduces: past
+    MIN_SCORES and, with GQA, the query heads folded into rows"""
     k_len, rep = cache.offset + rows, attn.n_heads // attn.n_kv_heads
-    return (
-        rows * k_len >= attention.MIN_SCORES
-        and (rep == 1 or attention.folds(rep * rows, k_len, rope.dims))
-        and mx.default_device() == mx.cpu
+    return rows * k_len >= attention.MIN_SCORES and (
+        rep == 1 or attention.folds(rep * rows, k_len, attn.rope.dims)
     )
+
+
+def _plain(m: Any) -> bool:
+    """a Linear whose fp32 weight (and bias) the native `linears` takes as nn.Linear does"""
+    if type(m) not in (nn.Linear, layers.ExactLinear):
+        return False
+    w, b = m.get("weight"), m.get("bias")
+    return (
+        w is not None
+        and w.dtype == mx.float32
+        and w.ndim == 2
+        and (b is None or (b.dtype == mx.float32 and b.ndim == 1))
+    )
+
+
+def _project(attn: Any, x: mx.array, core: Any) -> list[mx.array]:
+    """q, k and v: in one native node (each projection through the BLAS call nn.Linear's
+    Matmul or AddMM makes) where that applies, else the projections' own calls"""
+    projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if core is not None and x.shape[0] == 1 and x.dtype == mx.float32 and all(map(_plain, projs)):
+        return core.linears(x, [p["weight"] for p in projs], [p.get("bias") for p in projs])
+    return [p(x) for p in projs]
 
 
 def _projects(attn: Any, q: mx.array, k: mx.array, v: mx.array) -> bool:
@@ -110,34 +140,50 @@ def _heads(x: mx.array, heads: int, half: int) -> mx.array:
     return mx.transpose(mx.reshape(x, (b, rows, heads, 2, half)), (0, 2, 1, 3, 4))
 
 
+def _values(v: mx.array, heads: int, d: int) -> mx.array:
+    """mlx-lm's values layout [B, heads, L, D] (at one row a reshape alone)"""
+    b, rows = v.shape[:2]
+    if rows == 1:
+        return mx.reshape(v, (b, heads, 1, d))
+    return mx.swapaxes(mx.reshape(v, (b, rows, heads, d)), 1, 2)
+
+
 class DecodeAttention:
-    """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes for decoding and verifying
-    rows (those `_decodes` and `_projects` accept)."""
+    """mlx-lm's Llama / Qwen2 Attention.__call__ in fewer nodes where `_decodes` and
+    `_projects` accept the call: with the native extension (kernels/native.py) the
+    projections in one node and attention in one node laid out for o_proj; without it,
+    sdpa's mlx ops where they fold."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if _decodes(self, x, mask, cache):
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-            if _projects(self, q, k, v):
-                return self._attend(q, k, v, mask, cache)
+            core = _native(x)
+            if core is not None or _folds_in_ops(self, x.shape[1], cache):
+                q, k, v = _project(self, x, core)
+                if _projects(self, q, k, v):
+                    return self._attend(q, k, v, mask, cache, core)
         return super().__call__(x, mask, cache)  # type: ignore[misc]
 
-    def _attend(self, q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any):
+    def _attend(self, q: mx.array, k: mx.array, v: mx.array, mask: Any, cache: Any, core: Any):
         (b, rows, _), n_q, n_kv = q.shape, self.n_heads, self.n_kv_heads
         d, rep = self.rope.dims, n_q // n_kv
         cos, sin = self.rope.cos_sin_by_row(cache.offset, rows)  # [L, 1, D/2]
         first = _first_half()
-        q1, q2 = mx.split(_heads(q, n_q, d // 2), 2, axis=-2)
-        q = _rope_scaled(q1, q2, cos, sin, first, self._scale_array())
         k1, k2 = mx.split(_heads(k, n_kv, d // 2), 2, axis=-2)
         k = mx.reshape(_rope(k1, k2, cos, sin, first), (b, n_kv, rows, d))
-        if rows == 1:
-            v = mx.reshape(v, (b, n_kv, 1, d))
-        else:
-            v = mx.swapaxes(mx.reshape(v, (b, rows, n_kv, d)), 1, 2)
-        keys, values = cache.update_and_fetch(k, v)
-        # sdpa's fold: a KV head's query heads as rows (rep == 1: MHA)
-        q = mx.reshape(q, (b, n_kv, rep * rows, d))
-        out = attention.attend(q, keys, values, None if mask is None else (rows, rep))
+        keys, values = cache.update_and_fetch(k, _values(v, n_kv, d))
+        q1, q2 = mx.split(_heads(q, n_q, d // 2), 2, axis=-2)
+        causal = mask is not None
+        if core is not None:  # sdpa's native call, the query scale inside it
+            q = mx.reshape(_rope(q1, q2, cos, sin, first), (b, n_q, rows, d))
+            fold = rep > 1 and attention.folds(rep * rows, keys.shape[-2], d)
+            if b == 1 and causal == (rows > 1):  # attention_rows: causal exactly when rows > 1
+                out = core.attention_rows(q, [keys], [values], [rows], [fold], self.scale)
+                return self.o_proj(out)
+            out = core.attention_core(q, keys, values, self.scale, causal, fold)
+        else:  # sdpa's fold: a KV head's query heads as rows (rep == 1: MHA)
+            q = _rope_scaled(q1, q2, cos, sin, first, self._scale_array())
+            q = mx.reshape(q, (b, n_kv, rep * rows, d))
+            out = attention.attend(q, keys, values, (rows, rep) if causal else None)
         if rows > 1:
             out = mx.swapaxes(mx.reshape(out, (b, n_q, rows, d)), 1, 2)
         return self.o_proj(mx.reshape(out, (b, rows, n_q * d)))
