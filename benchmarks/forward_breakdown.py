@@ -161,7 +161,7 @@ def run(model, variants: Variants, names, context: int, rows: int, rounds: int) 
         for name in names:
             variants.use(name)
             for step in range(POSITIONS):
-                if r == 0 and step == 0:
+                if r == 1 and step == 0:  # once the variant's one-off nodes are evaluated
                     x = tokens[:, context : context + rows]
                     nodes[name] = graph_nodes(model(x, cache=cache))
                     trim_prompt_cache(cache, rows)
