@@ -29,7 +29,7 @@ _BY_ROW: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()  # the sa
 # RMSNorm up to RMS_ROWS rows: one kernel after the sum (rsqrt per element); up to
 # RMS_MAX_ROWS: the rows' factors rsqrt(mean + eps) in one kernel, then x * factor * weight in
 # another (a kernel broadcasting two operands with runtime strides falls behind mlx's separate
-# ops as rows grow, benchmarks/forward_ops.py); beyond: mx.fast.rms_norm. Same bits throughout.
+# ops as rows grow, docs/fast_ops.md); beyond: mx.fast.rms_norm. Same bits throughout.
 RMS_ROWS = 3
 RMS_MAX_ROWS = 32
 
