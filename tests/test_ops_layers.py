@@ -168,8 +168,9 @@ def test_fast_ops_install_reports_what_it_changed() -> None:
     if not fast_ops.attention.enabled():
         assert done == fast_ops.Installed([], 0)
     else:
-        # 5 norms, 2 RoPE, 2 x 7 linears
+        # 5 norms, 2 RoPE, 2 x 7 linears; 2 attention modules and 2 blocks given twin classes
         assert done.attention_modules == [module.__name__] and done.layers == 21
+        assert done.blocks == 4 and fast_ops.install(model).blocks == 0
 
 
 def _stock(m):
