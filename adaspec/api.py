@@ -93,19 +93,14 @@ def resolve_drafters(
     return arms
 
 
-def default_policy(
-    arms: Sequence[DraftModel], settings: settings_mod.Settings, model: Any = None
-) -> SpecPolicy:
+def default_policy(arms: Sequence[DraftModel], settings: settings_mod.Settings) -> SpecPolicy:
     """Gated (per ADASPEC_GATE; "off" never floors) with adaptive draft length when there is a
-    drafter; plain AR otherwise. With `model`, its plain-step time measured by an earlier
-    generation in the process is reused (policy/clock.py, shared_for)."""
+    drafter; plain AR otherwise."""
     if not arms:
         return NeverSpeculate()
     from .policy.adaptive import GatedPolicy, PolicyConfig
-    from .policy.clock import shared_for
 
-    shared = None if model is None else shared_for(model)
-    return GatedPolicy(PolicyConfig.from_settings(settings), shared)
+    return GatedPolicy(PolicyConfig.from_settings(settings))
 
 
 def _find_stop(text: str, stop: Sequence[str], since: int) -> int | None:
@@ -146,7 +141,7 @@ class PromptCache:
         self.arms = resolve_drafters(drafter, self.target.info, self.settings)
         # the default policy of this cache's generations: what it measured of the arms carries
         # from one turn to the next (GatedPolicy.start)
-        self.policy = default_policy(self.arms, self.settings, model)
+        self.policy = default_policy(self.arms, self.settings)
 
     def reset(self) -> None:
         """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
@@ -253,7 +248,7 @@ def start_decoder(
         tree_nodes=0 if shared_forward else settings.tree_cap,
         overlap_draft=settings.overlap_draft,
     )
-    pol = policy or (pc.policy if pc else default_policy(arms, settings, model))
+    pol = policy or (pc.policy if pc else default_policy(arms, settings))
     held = pc.tokens if pc else ()
     decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
     return decoder, ids

@@ -9,13 +9,13 @@ real model at a given context (docs/fast_ops.md, "Cost").
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`no-blocks` as `twins` with mlx-lm's own attention and decoder-block code around the twins
-(blocks.uninstall), `no-native` as `twins` with attention as mlx ops instead of the one-node
-native primitive (kernels/native.py), `stock-linear` with mlx's nn.Linear in place of the
-Linear twin, `stock` with every twin (blocks.py's included) and the attention path replaced by
-stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are medians over rounds; CPU times
-come from the kernel's per-thread accounting (schedstat), which other jobs on the machine do
-not inflate, unlike wall times.
+`no-blocks` as `twins` without blocks.py's attention and decoder-block twins, `no-native` as
+`twins` without adaspec's native primitives (kernels/native.py: attention, the MLP's gate and
+up projections in one node each; blocks.py's attention twin on mlx ops instead),
+`stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin and
+the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are
+medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
+other jobs on the machine do not inflate, unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
@@ -31,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
-from adaspec.kernels import attention, blas, blocks, fast_ops, layers
+from adaspec.kernels import attention, blas, blocks, fast_ops, layers, native_layers
 from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
@@ -114,11 +114,14 @@ class Variants:
 
     def use(self, name: str) -> None:
         attention._native = _no_native if name == "no-native" else _NATIVE
+        blocks.uninstall(self.model)  # then as fast_ops.install: native_layers before blocks
+        if name in ("no-native", "stock"):
+            native_layers.uninstall(self.model)
+        else:
+            native_layers.install(self.model)
         stock = name == "stock"
         self.module.scaled_dot_product_attention = self.stock_sdpa if stock else self.routed
-        if stock or name == "no-blocks":
-            blocks.uninstall(self.model)
-        else:
+        if not (stock or name == "no-blocks"):
             blocks.install(self.model)
         for parent, key, twin, ref in self.swaps:
             linear = isinstance(twin, layers.ExactLinear)

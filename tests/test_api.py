@@ -1,7 +1,6 @@
 """Tier 2: the public API against mlx-lm's own stream_generate, stop strings, registry."""
 
 import importlib.util
-import math
 from pathlib import Path
 
 import mlx_lm
@@ -88,15 +87,3 @@ def test_compare_to_ar_reports_identical_tokens_and_rates():
     assert c.stats["accepted"] > 0 and "identical: True" in str(c)
     sampled = adaspec.compare_to_ar(model, tok, encode("the q"), drafter="pld", temp=1.0, seed=3)
     assert len(sampled.tokens) > 0 and sampled.stats["drafted"] >= 0
-
-
-def test_later_generations_on_a_model_reuse_its_plain_step_time(tiny, tokenizer):
-    """The clock's burst of plain steps that times AR is paid once per model in a process:
-    a later generation (a new policy) starts from the shared reading, with the same text."""
-    from adaspec.policy.clock import shared_for
-
-    first = list(adaspec.stream_generate(tiny, tokenizer, PROMPT, max_tokens=24, drafter="pld"))
-    assert not math.isnan(shared_for(tiny).t_ar)
-    again = list(adaspec.stream_generate(tiny, tokenizer, PROMPT, max_tokens=24, drafter="pld"))
-    assert again[-1].stats.measure_steps == 0
-    assert "".join(r.text for r in again) == "".join(r.text for r in first)

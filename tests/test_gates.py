@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from adaspec.errors import SettingsError
 from adaspec.policy import floor, gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.clock import ArClock, ClockConfig, PlainTime, shared_for
+from adaspec.policy.clock import ArClock, ClockConfig
 from adaspec.policy.stats import StepStats
 from adaspec.settings import from_env
 
@@ -328,45 +328,6 @@ def test_ar_clock_prefers_steps_inside_pipelined_bursts():
     assert clock.t_ar == 0.04 and clock.overlapped  # the lone steps' samples are dropped
     clock.observe(StepStats(committed=1, verify_s=0.05, context=14))
     assert clock.t_ar == 0.04 and clock.context == 13
-
-
-def test_a_models_plain_step_time_is_measured_once_per_process():
-    """Policies sharing a model's PlainTime: the first measures t_ar in a burst; the next
-    generation (a new policy) starts from that reading and speculates at once, until its
-    context outgrows the reading's (then it measures again and shares the new reading)."""
-    shared = PlainTime()
-    first = GatedPolicy(PolicyConfig(), shared)
-    first.start(["a"])
-    for i in range(4):
-        assert first.plan().plain
-        first.observe(StepStats(committed=1, verify_s=T_AR, context=100 + i, overlapped=0 < i < 3))
-    assert shared.t_ar == T_AR and shared.context == 102
-    second = GatedPolicy(PolicyConfig(), shared)
-    second.start(["a"])
-    assert second.clock.t_ar == T_AR and not second.plan().plain
-    fresh = GatedPolicy(PolicyConfig())  # not shared: measures for itself
-    fresh.start(["a"])
-    assert fresh.plan().plain
-    second.observe(
-        StepStats(drafted=3, accepted=3, committed=4, arm=0, draft_s=0.001, verify_s=T_AR,
-                  context=2000)
-    )  # fmt: skip
-    assert second.plan().plain  # the context outgrew the shared reading: measure again
-    for i in range(3):
-        second.observe(StepStats(committed=1, verify_s=2 * T_AR, context=2001 + i, overlapped=True))
-    assert shared.t_ar == 2 * T_AR and shared.context == 2003
-
-
-def test_shared_plain_time_is_one_per_live_model():
-    class Model:
-        pass
-
-    a, b = Model(), Model()
-    assert shared_for(a) is shared_for(a) and shared_for(a) is not shared_for(b)
-    shared_for(a).t_ar = 1.0
-    del a
-    assert math.isnan(shared_for(Model()).t_ar)  # a new object, even at a reused id
-    assert shared_for(3) is not shared_for(3)  # no weak reference possible: never shared
 
 
 def test_t_ar_is_measured_in_an_honest_pipelined_burst():

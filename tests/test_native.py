@@ -156,3 +156,120 @@ def test_linears_give_each_projection_its_bits(rows):
         assert same_bits(out, m(x)) and same_bits(out, t(x))
     with pytest.raises(ValueError, match="x's K"):
         core().linears(x, [mx.zeros((4, 95))], [None])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_mlp_and_attention_twins_keep_the_logits_and_come_off(arch):
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from adaspec.kernels import layers, native_layers
+
+    model, fresh = tiny_model(arch), tiny_model(arch)
+    layers.install(model)  # the RoPE twin's angles are what the native attention reads
+    mlps = [m for _, m in model.named_modules() if type(m).__name__ in ("MLP", "Attention")]
+    assert native_layers.install(model) == len(mlps) > 0
+    assert native_layers.install(model) == 0  # once only
+    tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    for chunk in (tokens[:, :9], tokens[:, 9:10], tokens[:, 10:]):  # prefill, then steps
+        out = model(chunk, cache=c1)
+        dot = io.StringIO()
+        mx.export_to_dot(dot, out)
+        assert "Linears" in dot.getvalue()
+        if chunk.shape[1] < 9:  # after the prefill grew the cache: RoPE, cache and attention
+            assert "AttentionCache" in dot.getvalue() and "SliceUpdate" not in dot.getvalue()
+        assert same_bits(out, fresh(chunk, cache=c2))
+        assert c1[0].offset == c2[0].offset
+        assert same_bits(c1[0].keys[..., : c1[0].offset, :], c2[0].keys[..., : c2[0].offset, :])
+    assert native_layers.uninstall(model) == len(mlps)
+    stock = [m for _, m in fresh.named_modules() if type(m).__name__ in ("MLP", "Attention")]
+    assert all(type(m) is type(f) for m, f in zip(mlps, stock))
+
+
+def _cache_with(rng, kv_heads, context, dim=64):
+    from mlx_lm.models.cache import KVCache
+
+    a, b = KVCache(), KVCache()
+    keys = mx.array(rng.standard_normal((1, kv_heads, context, dim)).astype(np.float32))
+    values = mx.array(rng.standard_normal((1, kv_heads, context, dim)).astype(np.float32))
+    a.update_and_fetch(keys, values), b.update_and_fetch(keys, values)
+    return a, b
+
+
+@pytest.mark.parametrize("contexts,rows", [([200], [1]), ([10], [8]), ([255], [1]),
+                                           ([100, 7, 31], [3, 1, 8])])  # fmt: skip
+def test_attention_cache_writes_and_attends_as_mlx_lm(contexts, rows):
+    """Cache writes and attention of several sequences in one node: the outputs and every
+    cache's contents equal mlx-lm's update_and_fetch followed by mlx's fast SDPA."""
+    rng = np.random.default_rng(sum(contexts))
+    pairs = [_cache_with(rng, 3, c) for c in contexts]
+
+    def rows_of(heads, n):
+        x = rng.standard_normal((1, n, heads, 64)).astype(np.float32)
+        return mx.array(x).transpose(0, 2, 1, 3)
+
+    qs, ks, vs = ([rows_of(h, n) for n in rows] for h in (9, 3, 3))
+    refs = []
+    for (ref, _), q, k, v, n in zip(pairs, qs, ks, vs, rows):
+        keys, values = ref.update_and_fetch(k, v)
+        mask = "causal" if n > 1 else None
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=mask)
+        refs.append(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
+    ours = [c for _, c in pairs]
+    offsets = [c.offset for c in ours]
+    fold = [attention._folds(3 * n, c.keys[:, :, : o + n]) for n, o, c in zip(rows, offsets, ours)]
+    out = core().attention_cache(
+        *(mx.concatenate(a, axis=2) for a in (qs, ks, vs)),
+        [c.keys for c in ours], [c.values for c in ours], rows, offsets, fold, 0.125,
+    )  # fmt: skip
+    for i, c in enumerate(ours):
+        c.keys, c.values, c.offset = out[1 + 2 * i], out[2 + 2 * i], c.offset + rows[i]
+    assert same_bits(out[0], mx.concatenate(refs, axis=1))
+    for (ref, _), c in zip(pairs, ours):
+        assert c.offset == ref.offset
+        assert same_bits(c.keys[..., : c.offset, :], ref.keys[..., : ref.offset, :])
+        assert same_bits(c.values[..., : c.offset, :], ref.values[..., : ref.offset, :])
+
+
+def test_attention_cache_refuses_a_buffer_without_room():
+    rng = np.random.default_rng(1)
+    _, c = _cache_with(rng, 3, 250)
+    q = mx.zeros((1, 9, 8, 64))
+    k = mx.zeros((1, 3, 8, 64))
+    with pytest.raises(ValueError, match="room for offset"):
+        core().attention_cache(q, k, k, [c.keys], [c.values], [8], [250], [True], 0.1)
+
+
+def test_attend_rows_gives_each_sequence_its_solo_attention():
+    """Several sequences' rows through one layer's attention in two native nodes: each
+    sequence's output rows and cache equal mlx-lm's stock attention run on it alone."""
+    from mlx_lm.models.cache import KVCache
+    from tiny import tiny_model
+
+    from adaspec.kernels import layers, native_layers
+
+    model, fresh = tiny_model("llama"), tiny_model("llama")
+    layers.install(model)
+    attn, stock = model.model.layers[0].self_attn, fresh.model.layers[0].self_attn
+    rng = np.random.default_rng(3)
+    hidden = model.model.layers[0].self_attn.q_proj.weight.shape[1]
+    rows, contexts = [1, 4, 2], [7, 30, 1]
+    ours, refs, outs = [], [], []
+    for n, ctx in zip(rows, contexts):
+        a, b = KVCache(), KVCache()
+        pre = mx.array(rng.standard_normal((1, ctx, hidden)).astype(np.float32))
+        attn(pre, "causal" if ctx > 1 else None, a), stock(pre, "causal" if ctx > 1 else None, b)
+        x = mx.array(rng.standard_normal((1, n, hidden)).astype(np.float32))
+        outs.append(stock(x, "causal" if n > 1 else None, b))
+        ours.append((a, x))
+        refs.append(b)
+    angles = [attn.rope._cos_sin(c.offset, n) for (c, _), n in zip(ours, rows)]
+    cos = mx.concatenate([c for c, _ in angles])
+    sin = mx.concatenate([s for _, s in angles])
+    x = mx.concatenate([x for _, x in ours], axis=1)
+    out = native_layers.attend_rows(attn, x, [c for c, _ in ours], rows, cos, sin)
+    assert out is not None and same_bits(out, mx.concatenate(outs, axis=1))
+    for (c, _), r in zip(ours, refs):
+        assert c.offset == r.offset
+        assert same_bits(c.keys[..., : c.offset, :], r.keys[..., : r.offset, :])

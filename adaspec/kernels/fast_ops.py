@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, blocks, layers, mlx_lm_generate
+from . import attention, blas, blocks, layers, mlx_lm_generate, native_layers
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,8 @@ class Installed:
     attention_modules: list[str]  # mlx-lm model modules whose attention is routed
     layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
     generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
-    blocks: int = 0  # Attention / TransformerBlock instances given their twin class
+    native_mlps: int = 0  # MLPs whose gate and up projections run in one native node
+    blocks: int = 0  # Attention / TransformerBlock instances given blocks.py's twin class
 
 
 def install(model: Any) -> Installed:
@@ -25,5 +26,9 @@ def install(model: Any) -> Installed:
     enabled (attention.enabled: the JIT wrapper is active and the device is the CPU)."""
     if not attention.enabled():
         return Installed([], 0)
-    routed, twins = attention.install(model), layers.install(model)
-    return Installed(routed, twins, mlx_lm_generate.install(), blocks.install(model))
+    routed = attention.install(model)
+    twins = layers.install(model)
+    loop = mlx_lm_generate.install()
+    mlps = native_layers.install(model) if blas.routed() else 0
+    # after native_layers: its one-node attention keeps the Attention instances it takes
+    return Installed(routed, twins, loop, mlps, blocks.install(model))

@@ -3,13 +3,14 @@ graph nodes in one (kernels/native_attention.cpp).
 
 On a small model mlx's fixed cost per graph node (the Python thread's eval and hand-off of each
 node to the stream thread) outweighs most of the ops themselves, so a node that does the work
-of ten pays even where the arithmetic is the same. The extension is built once per source,
-mlx, nanobind, Python and CPU (`g++ -std=c++20 -O3 -march=native -ffp-contract=off`, with
-nanobind's sources and mlx's headers from their wheels) into ADASPEC_CACHE/kernels, and loaded
-from there. mlx's Python arrays cross into it only when nanobind's ABI and domain match those
-mlx was built with (nanobind 3, domain `mlx`); a smoke test checks that at load. When anything
-is missing (a compiler, Python's headers, a matching nanobind) `get()` returns None with the
-reason in `status()`, and callers keep the graph of mlx ops.
+of ten pays even where the arithmetic is the same. The extension is built once per source, mlx,
+nanobind, Python and CPU (`g++ -std=c++20 -O3 -march=native -ffp-contract=off`, with nanobind's
+sources and mlx's headers from their wheels) into ADASPEC_CACHE/kernels, and loaded from there
+(`-fno-trapping-math` lets `exp`'s selects vectorize; it changes no value, as for mlx's JIT
+kernels in kernels/jit.py). mlx's Python arrays cross into it only when nanobind's ABI and
+domain match those mlx was built with (nanobind 3, domain `mlx`); a smoke test checks that at
+load. When anything is missing (a compiler, Python's headers, a matching nanobind) `get()`
+returns None with the reason in `status()`, and callers keep the graph of mlx ops.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def _command(out: Path) -> list[str]:
         raise OSError(f"Python's headers are missing ({py_include}/Python.h)")
     lib = mlx_dir / "lib"
     return [
-        cxx, "-std=c++20", "-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC",
+        cxx, "-std=c++20", "-O3", "-march=native", "-ffp-contract=off", "-fno-trapping-math",
+        "-shared", "-fPIC",
         "-fvisibility=hidden", "-DNDEBUG", "-DNB_DOMAIN=mlx",
         f"-I{nb / 'include'}", f"-I{nb / 'ext' / 'robin_map' / 'include'}", f"-I{py_include}",
         f"-I{mlx_dir / 'include'}", str(SOURCE), str(nb / "src" / "nb_combined.cpp"),

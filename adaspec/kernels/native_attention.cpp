@@ -9,6 +9,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -31,11 +32,13 @@ namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
-// mlx's exp (backend/cpu/simd/math.h) one lane at a time: the same operations in the
-// same order and precision; the fused multiply-adds round once, as std::fma does.
+// mlx's exp (backend/cpu/simd/math.h): the same operations in the same order and precision;
+// the fused multiply-adds round once, as std::fma does. mlx rounds x + 0.5 in double before
+// the floor; in float it is the same value wherever the result is not replaced by a select
+// below (|x0| <= 88 keeps |x| < 128, where adding 0.5 is exact), so the loop can vectorize.
 inline float exp_as_mlx(float x0) {
   float x = x0 * 1.442695f;
-  float ipart = static_cast<float>(std::floor(static_cast<double>(x) + 0.5));
+  float ipart = std::floor(x + 0.5f);
   float fpart = x - ipart;
   float p = 1.535336188319500e-4f;
   p = std::fma(p, fpart, 1.339887440266574e-3f);
@@ -44,18 +47,24 @@ inline float exp_as_mlx(float x0) {
   p = std::fma(p, fpart, 2.402264791363012e-1f);
   p = std::fma(p, fpart, 6.931472028550421e-1f);
   p = std::fma(p, fpart, 1.000000000000000f);
-  int bits = (static_cast<int>(ipart) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  float r = std::isnan(x0) ? x0 : scale * p;
+  float r = std::bit_cast<float>((static_cast<int>(ipart) + 127) << 23) * p;
+  r = x0 != x0 ? x0 : r;
   r = x0 > 88.0f ? INFINITY : r;
   return x0 < -88.0f ? 0.0f : r;
 }
 
 // softmax.py's softmax of one row in place: max, exp(x - max), sum from the left, * (1/sum)
 void softmax_row(float* s, int n) {
-  float m = s[0];
-  for (int j = 1; j < n; j++) m = s[j] > m ? s[j] : m;
+  // the row max in 16 lanes (a maximum's value does not depend on the order it is taken in;
+  // of +0 and -0 either may come out, and exp(x - (+0)) == exp(x - (-0)))
+  float lanes[16];
+  for (int c = 0; c < 16; c++) lanes[c] = s[0];
+  int j = 0;
+  for (; j + 16 <= n; j += 16)
+    for (int c = 0; c < 16; c++) lanes[c] = s[j + c] > lanes[c] ? s[j + c] : lanes[c];
+  float m = lanes[0];
+  for (int c = 1; c < 16; c++) m = lanes[c] > m ? lanes[c] : m;
+  for (; j < n; j++) m = s[j] > m ? s[j] : m;
   for (int j = 0; j < n; j++) s[j] = exp_as_mlx(s[j] - m);
   float total = 0.0f;
   for (int j = 0; j < n; j++) total += s[j];
@@ -335,6 +344,262 @@ class Linears : public Primitive {
   std::vector<bool> bias_;
 };
 
+// RoPE (not traditional) as kernels/layers.py's ExactRoPE computes it: the first `dims`
+// lanes of a head rotated in halves, (x1 * cos - x2 * sin, x1 * sin + x2 * cos), each product
+// rounded before the sum (no fused multiply-add, as mlx's kernel), the other lanes copied.
+struct Rope {
+  int dims = 0, hq = 0, hk = 0;  // dims 0: q, k, v come as [1, H, M, D], already rotated
+};
+
+void rotate(const float* x, const float* c, const float* s, int dims, int d, float* out) {
+  int half = dims / 2;
+  for (int j = 0; j < half; j++) {
+    float a = x[j] * c[j], b = x[half + j] * s[j];
+    out[j] = a - b;
+  }
+  for (int j = 0; j < half; j++) {
+    float a = x[j] * s[j], b = x[half + j] * c[j];
+    out[half + j] = a + b;
+  }
+  for (int j = dims; j < d; j++) out[j] = x[j];
+}
+
+// Several sequences' KV cache writes and attention in one node. Inputs: q [1, Hq, M, D], the
+// new keys k [1, Hk, M, D] and values v [1, Hk, M, Dv] of all M rows, then per sequence its
+// cache buffers kb [1, Hk, cap, D] and vb [1, Hk, cap, Dv] (mlx-lm's KVCache.keys / values).
+// Sequence i owns rows first_i .. +n_i: they are written at positions offset_i .. of its
+// buffers (in place when mlx may donate the old buffer, as its SliceUpdate does; else into a
+// copy), and its attention reads keys 0 .. offset_i + n_i of the result, exactly as sdpa on
+// mlx-lm's `update_and_fetch` views. Outputs: [1, M, Hq * Dv] (o_proj's input), then every
+// sequence's new kb, vb.
+class AttentionCache : public Primitive {
+ public:
+  AttentionCache(Stream s, float scale, std::vector<int> first, std::vector<int> rows,
+                 std::vector<int> offsets, std::vector<bool> fold, Rope rope)
+      : Primitive(s), scale_(scale), first_(first), rows_(rows), offsets_(offsets),
+        fold_(fold), rope_(rope) {}
+
+  void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
+    if (rope_.dims == 0) check_last_axis({in[0], in[1], in[2]});
+    int bufs_at = rope_.dims ? 5 : 3;  // rope: q, k, v rows, then cos and sin
+    auto& out = outs[0];
+    out.set_data(allocator::malloc(out.nbytes()));
+    size_t n = first_.size();
+    struct Copy {
+      const float* src;
+      float* dst;
+      size_t count;
+    };
+    std::vector<Copy> copies;  // buffers that could not be donated: copied before writing
+    for (size_t j = 0; j < 2 * n; j++) {
+      auto& src = in[bufs_at + j];
+      auto& dst = outs[1 + j];
+      if (!src.flags().row_contiguous) throw std::runtime_error("attention_cache: buffer");
+      if (src.is_donatable()) {
+        dst.copy_shared_buffer(src);
+      } else {
+        dst.set_data(allocator::malloc(dst.nbytes()));
+        copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
+      }
+    }
+    int hq = rope_.dims ? rope_.hq : static_cast<int>(in[0].shape(1));
+    int hk = rope_.dims ? rope_.hk : static_cast<int>(in[1].shape(1));
+    int m = rope_.dims ? static_cast<int>(in[0].shape(1)) : static_cast<int>(in[0].shape(2));
+    int d = static_cast<int>(outs[1].shape(3)), dv = static_cast<int>(outs[2].shape(3));
+    if (rope_.dims)
+      for (int j = 0; j < 5; j++)
+        if (!in[j].flags().row_contiguous)
+          throw std::runtime_error("attention_cache: rope inputs not contiguous");
+    std::vector<Shape4> shapes;
+    std::vector<View> views;
+    std::vector<float*> bufs;
+    std::vector<int> caps;
+    for (size_t i = 0; i < n; i++) {
+      int cap = static_cast<int>(outs[1 + 2 * i].shape(2));
+      caps.push_back(cap);
+      shapes.push_back({1, hq, hk, 0, offsets_[i] + rows_[i], d, dv});
+      for (int j = 0; j < 2; j++) {
+        auto& b = outs[1 + 2 * i + j];
+        bufs.push_back(b.data<float>());
+        views.push_back({b.data<float>(), b.strides()[0], b.strides()[1], b.strides()[2], 1});
+      }
+    }
+    // rows given as [1, M, heads * dims] (the projections' outputs): read as [1, H, M, D]
+    auto rowwise = [m](const array& a, int h, int dd) {
+      return View{a.data<float>(), int64_t{m} * h * dd, dd, int64_t{h} * dd, 1};
+    };
+    View q = rope_.dims ? rowwise(in[0], hq, d) : view(in[0]);
+    View kn = rope_.dims ? rowwise(in[1], hk, d) : view(in[1]);
+    View vn = rope_.dims ? rowwise(in[2], hk, dv) : view(in[2]);
+    const float* cs = rope_.dims ? in[3].data<float>() : nullptr;
+    const float* sn = rope_.dims ? in[4].data<float>() : nullptr;
+    Out o{out.data<float>(), dv, int64_t{hq} * dv};
+    auto& enc = cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    for (auto& a : outs) enc.set_output_array(a);
+    enc.dispatch([=, first = first_, rows = rows_, offsets = offsets_, fold = fold_,
+                  scale = scale_, rope = rope_]() {
+      for (auto& c : copies) std::memcpy(c.dst, c.src, sizeof(float) * c.count);
+      std::vector<float> rotated;  // rope: q rotated, as [Hq, M, D]
+      View qv = q;
+      if (rope.dims) {
+        rotated.resize(static_cast<size_t>(hq) * m * d);
+        for (int h = 0; h < hq; h++)
+          for (int l = 0; l < m; l++)
+            rotate(q.at(0, h, l), cs + static_cast<size_t>(l) * (rope.dims / 2),
+                   sn + static_cast<size_t>(l) * (rope.dims / 2), rope.dims, d,
+                   &rotated[(static_cast<size_t>(h) * m + l) * d]);
+        qv = View{rotated.data(), int64_t{hq} * m * d, int64_t{m} * d, d, 1};
+      }
+      for (size_t i = 0; i < first.size(); i++) {
+        for (int h = 0; h < hk; h++)
+          for (int l = 0; l < rows[i]; l++) {
+            size_t at = (static_cast<size_t>(h) * caps[i] + offsets[i] + l);
+            const float* ks = kn.at(0, h, first[i] + l);
+            float* kd = bufs[2 * i] + at * d;
+            if (rope.dims) {
+              size_t row = static_cast<size_t>(first[i] + l) * (rope.dims / 2);
+              rotate(ks, cs + row, sn + row, rope.dims, d, kd);
+            } else {
+              std::memcpy(kd, ks, sizeof(float) * d);
+            }
+            std::memcpy(bufs[2 * i + 1] + at * dv, vn.at(0, h, first[i] + l),
+                        sizeof(float) * dv);
+          }
+        heads(shapes[i], first[i], rows[i], qv, views[2 * i], views[2 * i + 1], scale,
+              rows[i] > 1, fold[i], 0, o);
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("attention_cache: CPU only");
+  }
+  const char* name() const override { return "AttentionCache"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const AttentionCache&>(other);
+    return scale_ == o.scale_ && first_ == o.first_ && rows_ == o.rows_ &&
+           offsets_ == o.offsets_ && fold_ == o.fold_ && rope_.dims == o.rope_.dims &&
+           rope_.hq == o.rope_.hq && rope_.hk == o.rope_.hk;
+  }
+
+ private:
+  float scale_;
+  std::vector<int> first_, rows_, offsets_;
+  std::vector<bool> fold_;
+  Rope rope_;
+};
+
+std::vector<array> attention_cache(const array& q, const array& k, const array& v,
+                                   const std::vector<array>& kbufs,
+                                   const std::vector<array>& vbufs, const std::vector<int>& rows,
+                                   const std::vector<int>& offsets,
+                                   const std::vector<bool>& fold, float scale,
+                                   StreamOrDevice s) {
+  size_t n = rows.size();
+  if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
+      fold.size() != n)
+    throw std::invalid_argument("attention_cache: accepted: one key buffer, value buffer, "
+                                "row count, offset and fold flag per sequence");
+  for (auto* a : {&q, &k, &v})
+    if (a->ndim() != 4 || a->dtype() != float32 || a->shape(0) != 1)
+      throw std::invalid_argument("attention_cache: accepted: q, k, v fp32 [1, heads, M, D]");
+  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || v.shape(1) != k.shape(1) ||
+      k.shape(2) != q.shape(2) || v.shape(2) != q.shape(2) || k.shape(3) != q.shape(3))
+    throw std::invalid_argument("attention_cache: accepted: q [1,Hq,M,D], k [1,Hk,M,D], "
+                                "v [1,Hk,M,Dv], Hq a multiple of Hk");
+  std::vector<int> first;
+  std::vector<array> inputs{q, k, v};
+  std::vector<Shape> shapes{{1, q.shape(2), q.shape(1) * v.shape(3)}};
+  int at = 0;
+  for (size_t i = 0; i < n; i++) {
+    auto &kb = kbufs[i], &vb = vbufs[i];
+    bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
+              vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
+              kb.shape(1) == k.shape(1) && vb.shape(1) == k.shape(1) &&
+              kb.shape(3) == k.shape(3) && vb.shape(3) == v.shape(3) &&
+              kb.shape(2) == vb.shape(2) && rows[i] > 0 && offsets[i] >= 0 &&
+              offsets[i] + rows[i] <= kb.shape(2);
+    if (!ok)
+      throw std::invalid_argument("attention_cache: accepted: buffers [1,Hk,cap,D] and "
+                                  "[1,Hk,cap,Dv] with room for offset + rows");
+    first.push_back(at);
+    at += rows[i];
+    inputs.push_back(kb);
+    inputs.push_back(vb);
+    shapes.push_back(kb.shape());
+    shapes.push_back(vb.shape());
+  }
+  if (at != q.shape(2))
+    throw std::invalid_argument("attention_cache: the row counts must add up to q's rows");
+  std::vector<Dtype> dtypes(shapes.size(), float32);
+  return array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold, Rope{}),
+      std::move(inputs));
+}
+
+// The same with RoPE applied inside: q [1, M, Hq * D], k [1, M, Hk * D], v [1, M, Hk * Dv]
+// as the projections give them (or [1, M, H, D], as a q/k norm gives them), cos and sin
+// [M, dims / 2] (row m's angles, at its own sequence's position).
+std::vector<array> rope_attention_cache(const array& q, const array& k, const array& v,
+                                        const array& cos, const array& sin, int dims,
+                                        int n_heads, int n_kv_heads,
+                                        const std::vector<array>& kbufs,
+                                        const std::vector<array>& vbufs,
+                                        const std::vector<int>& rows,
+                                        const std::vector<int>& offsets,
+                                        const std::vector<bool>& fold, float scale,
+                                        StreamOrDevice s) {
+  size_t n = rows.size();
+  if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
+      fold.size() != n || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
+    throw std::invalid_argument("rope_attention_cache: accepted: one key buffer, value buffer, "
+                                "row count, offset and fold flag per sequence; Hq a multiple "
+                                "of Hk");
+  int m = q.ndim() >= 2 ? static_cast<int>(q.shape(1)) : 0;
+  int d = static_cast<int>(kbufs[0].ndim() == 4 ? kbufs[0].shape(3) : 0);
+  int dv = static_cast<int>(vbufs[0].ndim() == 4 ? vbufs[0].shape(3) : 0);
+  for (auto* a : {&q, &k, &v, &cos, &sin})
+    if (a->dtype() != float32)
+      throw std::invalid_argument("rope_attention_cache: accepted: fp32 arrays");
+  if (q.shape(0) != 1 || q.size() != size_t(m) * n_heads * d || k.size() != size_t(m) * n_kv_heads * d ||
+      v.size() != size_t(m) * n_kv_heads * dv || k.shape(1) != m || v.shape(1) != m ||
+      dims <= 0 || dims % 2 || dims > d || cos.shape() != Shape{m, dims / 2} ||
+      sin.shape() != cos.shape())
+    throw std::invalid_argument("rope_attention_cache: accepted: q [1,M,Hq*D], k [1,M,Hk*D], "
+                                "v [1,M,Hk*Dv], cos and sin [M, dims/2], even dims <= D");
+  std::vector<int> first;
+  std::vector<array> inputs{q, k, v, cos, sin};
+  std::vector<Shape> shapes{{1, m, n_heads * dv}};
+  int at = 0;
+  for (size_t i = 0; i < n; i++) {
+    auto &kb = kbufs[i], &vb = vbufs[i];
+    bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
+              vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
+              kb.shape(1) == n_kv_heads && vb.shape(1) == n_kv_heads && kb.shape(3) == d &&
+              vb.shape(3) == dv && kb.shape(2) == vb.shape(2) && rows[i] > 0 &&
+              offsets[i] >= 0 && offsets[i] + rows[i] <= kb.shape(2);
+    if (!ok)
+      throw std::invalid_argument("rope_attention_cache: accepted: buffers [1,Hk,cap,D] and "
+                                  "[1,Hk,cap,Dv] with room for offset + rows");
+    first.push_back(at);
+    at += rows[i];
+    inputs.push_back(kb);
+    inputs.push_back(vb);
+    shapes.push_back(kb.shape());
+    shapes.push_back(vb.shape());
+  }
+  if (at != m)
+    throw std::invalid_argument("rope_attention_cache: the row counts must add up to M");
+  std::vector<Dtype> dtypes(shapes.size(), float32);
+  Rope rope{dims, n_heads, n_kv_heads};
+  return array::make_arrays(
+      std::move(shapes), dtypes,
+      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold, rope),
+      std::move(inputs));
+}
+
 std::vector<array> linears(const array& x, const std::vector<array>& weights,
                            const std::vector<std::optional<array>>& biases, StreamOrDevice s) {
   if (weights.empty() || biases.size() != weights.size())
@@ -371,6 +636,14 @@ NB_MODULE(_adaspec_native, m) {
         nb::arg("stream") = nb::none());
   m.def("linears", &linears, nb::arg("x"), nb::arg("weights"), nb::arg("biases"),
         nb::kw_only(), nb::arg("stream") = nb::none());
+  m.def("attention_cache", &attention_cache, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("key_buffers"), nb::arg("value_buffers"), nb::arg("rows"), nb::arg("offsets"),
+        nb::arg("fold"), nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
+  m.def("rope_attention_cache", &rope_attention_cache, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("cos"), nb::arg("sin"), nb::arg("dims"), nb::arg("n_heads"),
+        nb::arg("n_kv_heads"), nb::arg("key_buffers"), nb::arg("value_buffers"),
+        nb::arg("rows"), nb::arg("offsets"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
+        nb::arg("stream") = nb::none());
   m.def("attention_rows", &attention_rows, nb::arg("q"), nb::arg("keys"), nb::arg("values"),
         nb::arg("rows"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());

@@ -11,7 +11,7 @@ from ..settings import Settings
 from . import draft_length, gates, tree_size
 from . import floor as fl
 from .arms import ArmScheduler, HoldConfig
-from .clock import ArClock, ClockConfig, PlainTime
+from .clock import ArClock, ClockConfig
 from .plan import MEASURE, NO_ARMS, UNLIMITED, Plan
 from .sizing import DraftSizer
 from .stats import StepStats, arm_labels
@@ -62,14 +62,12 @@ class GatedPolicy:
     ask the arms the scheduler picks, in the user's order, each for the length the sizer
     chooses. A gate only decides whether to draft; it never changes which token is emitted."""
 
-    def __init__(self, cfg: PolicyConfig | None = None, plain_time: PlainTime | None = None):
-        """plain_time: the target model's shared plain-step time (clock.shared_for), so a
-        policy starts from what an earlier generation on the model measured."""
+    def __init__(self, cfg: PolicyConfig | None = None):
         self.cfg = cfg or PolicyConfig()
         self.gates: list[gates.Gate] = [g.make() for g in self.cfg.gates]
         self.needs_p1 = any(g.needs_p1 for g in self.gates)
         self.floor = fl.FloorState()
-        self.clock = ArClock(self.cfg.clock, plain_time)
+        self.clock = ArClock(self.cfg.clock)
         self.sizer = DraftSizer(self.cfg.length, self.cfg.tree)
         self.arms = ArmScheduler(self.sizer, self.cfg.holds, self.cfg.probe, self.cfg.free_cost)
         self.lifts = 0

@@ -1,0 +1,172 @@
+"""mlx-lm modules whose work runs in few graph nodes of adaspec's own (kernels/native.py):
+
+- the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
+  (the function its source calls) and `down_proj`;
+- attention: q, k and v projections in one node (`linears`), then (after the module's q/k
+  norms, where it has them) RoPE, the KV cache write and attention in one more
+  (`rope_attention_cache`: ExactRoPE's arithmetic, mlx-lm's KVCache layout and sdpa's), then
+  the module's `o_proj`; the cache is left as its `update_and_fetch` leaves it.
+
+`install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
+`Attention`) to a subclass made once per class, whose `__call__` takes the module's own
+`__call__` wherever the native path does not apply (no extension, sharded or quantized
+projections, a cache other than a plain KVCache with room for the rows, an array mask, a
+batch of more than one, another dtype or RoPE). `uninstall` gives the instances their
+classes back. Tests: tests/test_native.py, tests/test_ops_layers.py (SmolLM2, bit for bit).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import attention, native
+from .layers import ExactLinear
+from .layers import ExactRoPE as ExactRope
+
+MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+COVERED = {(m, c) for m in MODULES for c in ("MLP", "Attention")}
+PLAIN = (nn.Linear, ExactLinear)
+
+
+def _plain(m: Any) -> bool:
+    w = m.get("weight") if type(m) in PLAIN else None
+    return w is not None and w.dtype == mx.float32 and w.ndim == 2
+
+
+def _pair(mlp: Any, x: mx.array) -> list[mx.array] | None:
+    """gate and up projections of x in one node, or None where that does not apply"""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if x.ndim != 3 or x.shape[0] != 1 or x.dtype != mx.float32:
+        return None
+    if not (_plain(gate) and _plain(up)):
+        return None
+    core = native.get()
+    if core is None:
+        return None
+    return core.linears(x, [gate["weight"], up["weight"]], [gate.get("bias"), up.get("bias")])
+
+
+def _room(cache: Any, rows: int) -> bool:
+    """a plain KVCache whose buffers hold `rows` more (else its update_and_fetch grows them)"""
+    from mlx_lm.models.cache import KVCache
+
+    keys = getattr(cache, "keys", None) if type(cache) is KVCache else None
+    return (
+        keys is not None
+        and cache.values is not None
+        and keys.dtype == mx.float32
+        and cache.offset + rows <= keys.shape[2]
+    )
+
+
+def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
+    """The attention block in two native nodes and o_proj, or None where that does not apply"""
+    if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return None
+    rows = x.shape[1] if x.ndim == 3 else 0
+    rope = getattr(attn, "rope", None)
+    if type(rope) is not ExactRope or rope.traditional or not _room(cache, rows):
+        return None
+    cos, sin = rope._cos_sin(cache.offset, rows)
+    return attend_rows(attn, x, [cache], [rows], cos, sin)
+
+
+def attend_rows(
+    attn: Any, x: mx.array, caches: list[Any], rows: list[int], cos: mx.array, sin: mx.array
+) -> mx.array | None:
+    """`attn` (an mlx-lm Attention with an ExactRoPE) over x's rows [1, M, hidden], the
+    rows[i] rows of sequence i (in order) against caches[i], each at its own positions (cos
+    and sin [M, dims / 2]: every row's angles), in two native nodes: q/k/v, then RoPE, the
+    cache writes and attention; o_proj's output for all rows, the caches left as their
+    update_and_fetch leaves them. None where that does not apply (nothing is changed then)."""
+    rope = getattr(attn, "rope", None)
+    if (
+        x.ndim != 3
+        or x.shape[0] != 1
+        or x.dtype != mx.float32
+        or type(rope) is not ExactRope
+        or rope.traditional
+        or not all(_plain(attn[p]) for p in ("q_proj", "k_proj", "v_proj"))
+        or not all(_room(c, n) for c, n in zip(caches, rows))
+    ):
+        return None
+    core = native.get()
+    if core is None:
+        return None
+    projs = [attn[p] for p in ("q_proj", "k_proj", "v_proj")]
+    q, k, v = core.linears(x, [p["weight"] for p in projs], [p.get("bias") for p in projs])
+    m = x.shape[1]
+    if "q_norm" in attn:  # qwen3: per-head norms before RoPE, as its source applies them
+        q = attn.q_norm(q.reshape(1, m, attn.n_heads, -1))
+        k = attn.k_norm(k.reshape(1, m, attn.n_kv_heads, -1))
+    rep = attn.n_heads // attn.n_kv_heads
+    dim = caches[0].keys.shape[-1]
+    offsets = [c.offset for c in caches]
+    fold = [rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)]
+    out, *buffers = core.rope_attention_cache(
+        q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads,
+        [c.keys for c in caches], [c.values for c in caches], rows, offsets, fold, attn.scale,
+    )  # fmt: skip
+    for i, c in enumerate(caches):
+        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
+        c.offset += rows[i]
+    return attn.o_proj(out)
+
+
+_twins: dict[type, type] = {}
+
+
+def _mlp_call(cls: type) -> Any:
+    swiglu = sys.modules[cls.__module__].swiglu
+
+    def __call__(self, x: mx.array) -> mx.array:  # noqa: N807
+        pair = _pair(self, x)
+        if pair is None:
+            return cls.__call__(self, x)
+        return self.down_proj(swiglu(*pair))
+
+    return __call__
+
+
+def _attention_call(cls: type) -> Any:
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:  # noqa: N807
+        out = _attend(self, x, mask, cache)
+        return cls.__call__(self, x, mask, cache) if out is None else out
+
+    return __call__
+
+
+def _twin_class(cls: type) -> type:
+    hit = _twins.get(cls)
+    if hit is None:
+        call = _mlp_call(cls) if cls.__name__ == "MLP" else _attention_call(cls)
+        hit = _twins[cls] = type(cls.__name__, (cls,), {"__call__": call, "_native": cls})
+    return hit
+
+
+def install(model: Any) -> int:
+    """Give each covered MLP of `model` its twin class (native extension permitting); returns
+    how many were changed."""
+    if native.get() is None:
+        return 0
+    changed = 0
+    for _, m in model.named_modules():
+        cls = type(m)
+        if (cls.__module__, cls.__name__) in COVERED and "_native" not in cls.__dict__:
+            m.__class__ = _twin_class(cls)
+            changed += 1
+    return changed
+
+
+def uninstall(model: Any) -> int:
+    changed = 0
+    for _, m in model.named_modules():
+        base = type(m).__dict__.get("_native")
+        if base is not None:
+            m.__class__ = base
+            changed += 1
+    return changed
