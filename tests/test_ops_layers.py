@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 # isort: on
-from adaspec.kernels import fast_ops, layers
+from adaspec.kernels import blocks, fast_ops, layers
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:
@@ -68,7 +68,7 @@ SPECIAL = st.sampled_from([0.0, -0.0, float("inf"), float("nan"), 1e-40, 3e38, -
 
 @given(
     dims=st.sampled_from([8, 64, 576, 896]),
-    rows=st.integers(1, layers.RMS_ROWS),
+    rows=st.one_of(st.integers(1, layers.RMS_ROWS), st.integers(1, layers.RMS_MAX_ROWS + 8)),
     eps=st.sampled_from([1e-5, 1e-6, 1e-3]),
     scale=st.sampled_from([1e-3, 1.0, 100.0]),
     seed=st.integers(0, 2**31 - 1),
@@ -168,8 +168,12 @@ def test_fast_ops_install_reports_what_it_changed() -> None:
     if not fast_ops.attention.enabled():
         assert done == fast_ops.Installed([], 0)
     else:
-        # 5 norms, 2 RoPE, 2 x 7 linears
+        # 5 norms, 2 RoPE, 2 x 7 linears; native_layers' MLPs and attention (2 + 2) where the
+        # extension is built; blocks.py's 2 decoder blocks, and its 2 attention twins otherwise
         assert done.attention_modules == [module.__name__] and done.layers == 21
+        assert done.native_mlps in (0, 4)
+        assert done.blocks == (2 if done.native_mlps else 4)
+        assert fast_ops.install(model).blocks == 0
 
 
 def _stock(m):
@@ -191,8 +195,9 @@ def _stock(m):
 @pytest.mark.parametrize("context", [200, 2000])
 def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
     """SmolLM2 (weights as the loader gives them: stored bits where the router runs) with
-    every twin and the attention path against the same weights in stock mlx-lm modules: the
-    prefill, a 1-row step at a new position and an 8-row verify, bit for bit."""
+    every twin (blocks.py's included) and the attention path against the same weights in
+    stock mlx-lm modules: the prefill, a 1-row step at a new position and an 8-row verify,
+    bit for bit."""
     import sys
 
     from mlx_lm.models import base
@@ -222,6 +227,8 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
 
     try:
         module.scaled_dot_product_attention = base.scaled_dot_product_attention
+        # each layer's block, and its attention where native_layers' did not take it
+        assert blocks.uninstall(model) in (30, 30 * 2)
         for parent, key, child in swaps:
             parent[key] = _stock(child)
         native_layers.uninstall(model)
@@ -231,5 +238,6 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
         for parent, key, child in swaps:  # the session's model keeps its twins
             parent[key] = child
         native_layers.install(model)
+        blocks.install(model)
     for a, b in zip(ours, stock, strict=True):
         assert a.shape == b.shape and (a.view(np.uint32) == b.view(np.uint32)).all()

@@ -123,6 +123,19 @@ def folds(rows: int, k_len: int, head_dim: int) -> bool:
     return rows <= blas.KERNEL_ROWS and k_len * head_dim <= blas.NN_MAX_ELEMENTS and blas.routed()
 
 
+def attend(
+    q: mx.array, keys: mx.array, values: mx.array, causal: tuple[int, int] | None = None
+) -> mx.array:
+    """`sdpa`'s steps after the scale and the fold (q: [B, KV heads, rep x rows, D], rep query
+    heads per KV head, rep = 1 for MHA) with no mask or, given causal = (rows, rep), the
+    causal mask: softmax(q @ K^T) @ V"""
+    scores = q @ mx.swapaxes(keys, -1, -2)
+    if causal is not None:
+        q_idx, k_idx = _causal_indices(causal[0], scores.shape[-1], causal[1])
+        scores = _causal(scores, q_idx, k_idx)
+    return softmax(scores) @ values
+
+
 # below this many scores per head (query rows x keys) mlx's one softmax op beats four cheaper
 # ones (benchmarks/attention_ab.py); both give the same bits, so the choice is speed alone
 MIN_SCORES = 128

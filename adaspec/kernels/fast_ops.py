@@ -1,5 +1,6 @@
 """The CPU fast paths of one model, each bit for bit stock mlx: attention on the vectorized
-softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), mlx-lm's decoding loop on the
+softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), Llama / Qwen2 attention and
+decoder blocks in fewer graph nodes (blocks.py), mlx-lm's decoding loop on the
 vectorized logsumexp (mlx_lm_generate.py), on top of mlx's JIT kernels built
 for this CPU (jit.py). ADASPEC_FAST_OPS=off, another device or platform: nothing changes."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, blas, layers, mlx_lm_generate, native_layers
+from . import attention, blas, blocks, layers, mlx_lm_generate, native_layers
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class Installed:
     layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
     generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
     native_mlps: int = 0  # MLPs whose gate and up projections run in one native node
+    blocks: int = 0  # Attention / TransformerBlock instances given blocks.py's twin class
 
 
 def install(model: Any) -> Installed:
@@ -28,4 +30,5 @@ def install(model: Any) -> Installed:
     twins = layers.install(model)
     loop = mlx_lm_generate.install()
     mlps = native_layers.install(model) if blas.routed() else 0
-    return Installed(routed, twins, loop, mlps)
+    # after native_layers: its one-node attention keeps the Attention instances it takes
+    return Installed(routed, twins, loop, mlps, blocks.install(model))
