@@ -327,3 +327,26 @@ def test_cache_buffers_are_written_in_place_only_when_nothing_else_holds_them():
         mx.eval(out[0])
         del out
         assert core().buffer_copies() == copies
+
+
+@pytest.mark.slow
+def test_stored_embedding_rows_are_lazy_and_exact(smollm2):
+    """SmolLM2's stored (Q8_0) embedding: the native gather equals the numpy gather's widened
+    rows for every id shape and dtype, builds without evaluating the ids, and an id out of
+    range fails at evaluation, naming it."""
+    from adaspec.kernels import stored
+
+    model, _ = smollm2
+    emb = model.model.embed_tokens
+    st = emb._stored
+    for dtype in (mx.int32, mx.uint32, mx.int64):
+        ids = mx.array([[0, 5, st.n - 1], [1234, 7, 99]], dtype=dtype)
+        ref = stored.values(st.type_name, st.raw[np.array(ids).reshape(-1)], st.k)
+        assert same_bits(emb(ids), mx.array(ref.reshape(2, 3, st.k)))
+    lazy = mx.argmax(mx.ones((1, 10)), axis=-1)  # not evaluated yet
+    out = emb(lazy[None])
+    dot = io.StringIO()
+    mx.export_to_dot(dot, out)
+    assert "StoredRows" in dot.getvalue()
+    with pytest.raises(RuntimeError, match=f"token id {st.n} out of range 0..{st.n - 1}"):
+        mx.eval(emb(mx.array([st.n])))

@@ -224,6 +224,9 @@ def take_rows(weight: mx.array, ids: np.ndarray) -> tuple[mx.array, Registry | N
     return kept.weight, reg
 
 
+_ID_TYPES = (mx.int32, mx.uint32, mx.int64)
+
+
 class StoredEmbedding(nn.Embedding):
     """An embedding whose table is stored: a lookup widens the gathered rows (the same values
     as the fp32 table's rows); `as_linear` (a tied output head) is a GEMM the router serves."""
@@ -234,6 +237,17 @@ class StoredEmbedding(nn.Embedding):
         self._stored = stored
 
     def __call__(self, x: mx.array) -> mx.array:
+        """The rows of token ids x (any shape), widened. On the native extension a lazy graph
+        node (the ids need not be computed yet: mlx-lm's next step is built while this one
+        runs; an id out of range fails at evaluation); else gathered at once in numpy."""
+        from . import native
+
+        st = self._stored
+        core = native.get() if isinstance(x, mx.array) and x.dtype in _ID_TYPES else None
+        if core is not None:
+            return core.stored_rows(
+                x, st.bytes_, TYPES[st.type_name][0], st.n, st.k, st.raw.shape[1]
+            )
         ids = np.asarray(x, dtype=np.int64)
         if ids.size and (ids.min() < 0 or ids.max() >= self._stored.n):
             raise IndexError(f"token id out of range 0..{self._stored.n - 1}")
