@@ -137,7 +137,7 @@ def test_shared_attention_adds_few_graph_nodes_per_sequence(rows, monkeypatch):
     shared = [_nodes(model, n, rows) for n in (4, 8)]
     monkeypatch.setattr(batch, "shared_unsupported", lambda *_: "split")
     split = [_nodes(model, n, rows) for n in (4, 8)]
-    assert shared[0] > 20 * len(model.layers), shared  # the whole forward's graph was counted
+    assert shared[0] > 10 * len(model.layers), shared  # the whole forward's graph was counted
     per = 4 * len(model.layers)
     shared_added, split_added = (shared[1] - shared[0]) / per, (split[1] - split[0]) / per
     # mlx ops: measured 11.9 (1 row) and 13.8 (3 rows: the causal mask) against 38.8 and
