@@ -141,16 +141,24 @@ def build_library(
     cc = compiler or get_settings().cc or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise OSError(f"no C compiler found to build {source.name} (set CC)")
+    return compile_into(
+        out, lambda tmp: [cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o",
+                          str(tmp), str(source)],
+    )  # fmt: skip
+
+
+def compile_into(out: Path, command: Callable[[Path], list[str]], timeout: float = 600) -> Path:
+    """Run the compiler `command(tmp)` gives (writing `tmp`), then move its output to `out`
+    (several processes may build at once: each writes its own file, the last move wins)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = [cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(tmp)]
-    cmd.append(str(source))
+    cmd = command(tmp)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise OSError(f"{' '.join(cmd)} could not run: {exc}") from None
+        raise OSError(f"{cmd[0]} could not run: {exc} (command: {' '.join(cmd)})") from None
     if proc.returncode != 0:
-        raise OSError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-400:]}")
+        raise OSError(f"{cmd[0]} failed: {proc.stderr.strip()[-600:]} (command: {' '.join(cmd)})")
     os.replace(tmp, out)
     return out
 

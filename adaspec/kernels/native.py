@@ -19,7 +19,6 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..settings import get as get_settings
-from .blas import _cpu_flags
+from .blas import _cpu_flags, compile_into
 
 SOURCE = Path(__file__).with_name("native_attention.cpp")
 MODULE = "_adaspec_native"
@@ -88,17 +87,7 @@ def build(cache: Path) -> Path:
     out = cache / "kernels" / f"native-{key}" / f"{MODULE}{suffix}"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = _command(tmp)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise OSError(f"{cmd[0]} could not run: {exc}") from None
-    if proc.returncode != 0:
-        raise OSError(f"{cmd[0]} failed: {proc.stderr.strip()[-600:]}")
-    os.replace(tmp, out)
-    return out
+    return compile_into(out, _command)
 
 
 def _load(path: Path) -> Any:

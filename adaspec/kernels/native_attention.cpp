@@ -541,38 +541,31 @@ class AttentionCache : public Primitive {
   Rope rope_;
 };
 
-std::vector<array> attention_cache(const array& q, const array& k, const array& v,
-                                   const std::vector<array>& kbufs,
-                                   const std::vector<array>& vbufs, const std::vector<int>& rows,
-                                   const std::vector<int>& offsets,
-                                   const std::vector<bool>& fold, float scale,
-                                   StreamOrDevice s) {
+// One node for the sequences' cache writes and attention: checks what every call shares (one
+// buffer pair, row count, offset and fold flag per sequence, each with room for its rows)
+// and makes the node; `heads` and `dims` are the buffers' head count and key/value widths.
+std::vector<array> cache_node(const char* what, std::vector<array> inputs, int m, int hq, int hk,
+                              int d, int dv, const std::vector<array>& kbufs,
+                              const std::vector<array>& vbufs, const std::vector<int>& rows,
+                              const std::vector<int>& offsets, const std::vector<bool>& fold,
+                              float scale, Rope rope, StreamOrDevice s) {
   size_t n = rows.size();
   if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
       fold.size() != n)
-    throw std::invalid_argument("attention_cache: accepted: one key buffer, value buffer, "
+    throw std::invalid_argument(std::string(what) + ": accepted: one key buffer, value buffer, "
                                 "row count, offset and fold flag per sequence");
-  for (auto* a : {&q, &k, &v})
-    if (a->ndim() != 4 || a->dtype() != float32 || a->shape(0) != 1)
-      throw std::invalid_argument("attention_cache: accepted: q, k, v fp32 [1, heads, M, D]");
-  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || v.shape(1) != k.shape(1) ||
-      k.shape(2) != q.shape(2) || v.shape(2) != q.shape(2) || k.shape(3) != q.shape(3))
-    throw std::invalid_argument("attention_cache: accepted: q [1,Hq,M,D], k [1,Hk,M,D], "
-                                "v [1,Hk,M,Dv], Hq a multiple of Hk");
   std::vector<int> first;
-  std::vector<array> inputs{q, k, v};
-  std::vector<Shape> shapes{{1, q.shape(2), q.shape(1) * v.shape(3)}};
+  std::vector<Shape> shapes{{1, m, hq * dv}};
   int at = 0;
   for (size_t i = 0; i < n; i++) {
     auto &kb = kbufs[i], &vb = vbufs[i];
     bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
               vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
-              kb.shape(1) == k.shape(1) && vb.shape(1) == k.shape(1) &&
-              kb.shape(3) == k.shape(3) && vb.shape(3) == v.shape(3) &&
+              kb.shape(1) == hk && vb.shape(1) == hk && kb.shape(3) == d && vb.shape(3) == dv &&
               kb.shape(2) == vb.shape(2) && rows[i] > 0 && offsets[i] >= 0 &&
               offsets[i] + rows[i] <= kb.shape(2);
     if (!ok)
-      throw std::invalid_argument("attention_cache: accepted: buffers [1,Hk,cap,D] and "
+      throw std::invalid_argument(std::string(what) + ": accepted: buffers [1,Hk,cap,D] and "
                                   "[1,Hk,cap,Dv] with room for offset + rows");
     first.push_back(at);
     at += rows[i];
@@ -581,13 +574,30 @@ std::vector<array> attention_cache(const array& q, const array& k, const array& 
     shapes.push_back(kb.shape());
     shapes.push_back(vb.shape());
   }
-  if (at != q.shape(2))
-    throw std::invalid_argument("attention_cache: the row counts must add up to q's rows");
+  if (at != m)
+    throw std::invalid_argument(std::string(what) + ": the row counts must add up to the rows");
   std::vector<Dtype> dtypes(shapes.size(), float32);
   return array::make_arrays(
       std::move(shapes), dtypes,
-      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold, Rope{}),
+      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold, rope),
       std::move(inputs));
+}
+
+std::vector<array> attention_cache(const array& q, const array& k, const array& v,
+                                   const std::vector<array>& kbufs,
+                                   const std::vector<array>& vbufs, const std::vector<int>& rows,
+                                   const std::vector<int>& offsets,
+                                   const std::vector<bool>& fold, float scale,
+                                   StreamOrDevice s) {
+  for (auto* a : {&q, &k, &v})
+    if (a->ndim() != 4 || a->dtype() != float32 || a->shape(0) != 1)
+      throw std::invalid_argument("attention_cache: accepted: q, k, v fp32 [1, heads, M, D]");
+  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || v.shape(1) != k.shape(1) ||
+      k.shape(2) != q.shape(2) || v.shape(2) != q.shape(2) || k.shape(3) != q.shape(3))
+    throw std::invalid_argument("attention_cache: accepted: q [1,Hq,M,D], k [1,Hk,M,D], "
+                                "v [1,Hk,M,Dv], Hq a multiple of Hk");
+  return cache_node("attention_cache", {q, k, v}, q.shape(2), q.shape(1), k.shape(1),
+                    k.shape(3), v.shape(3), kbufs, vbufs, rows, offsets, fold, scale, Rope{}, s);
 }
 
 // The same with RoPE applied inside: q [1, M, Hq * D], k [1, M, Hk * D], v [1, M, Hk * Dv]
@@ -602,53 +612,23 @@ std::vector<array> rope_attention_cache(const array& q, const array& k, const ar
                                         const std::vector<int>& offsets,
                                         const std::vector<bool>& fold, float scale,
                                         StreamOrDevice s) {
-  size_t n = rows.size();
-  if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
-      fold.size() != n || n_kv_heads <= 0 || n_heads % n_kv_heads != 0)
-    throw std::invalid_argument("rope_attention_cache: accepted: one key buffer, value buffer, "
-                                "row count, offset and fold flag per sequence; Hq a multiple "
-                                "of Hk");
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || kbufs.empty() || vbufs.empty())
+    throw std::invalid_argument("rope_attention_cache: accepted: Hq a multiple of Hk, and "
+                                "key and value buffers");
   int m = q.ndim() >= 2 ? static_cast<int>(q.shape(1)) : 0;
   int d = static_cast<int>(kbufs[0].ndim() == 4 ? kbufs[0].shape(3) : 0);
   int dv = static_cast<int>(vbufs[0].ndim() == 4 ? vbufs[0].shape(3) : 0);
   for (auto* a : {&q, &k, &v, &cos, &sin})
     if (a->dtype() != float32)
       throw std::invalid_argument("rope_attention_cache: accepted: fp32 arrays");
-  if (q.shape(0) != 1 || q.size() != size_t(m) * n_heads * d || k.size() != size_t(m) * n_kv_heads * d ||
-      v.size() != size_t(m) * n_kv_heads * dv || k.shape(1) != m || v.shape(1) != m ||
-      dims <= 0 || dims % 2 || dims > d || cos.shape() != Shape{m, dims / 2} ||
-      sin.shape() != cos.shape())
+  if (q.shape(0) != 1 || q.size() != size_t(m) * n_heads * d ||
+      k.size() != size_t(m) * n_kv_heads * d || v.size() != size_t(m) * n_kv_heads * dv ||
+      k.shape(1) != m || v.shape(1) != m || dims <= 0 || dims % 2 || dims > d ||
+      cos.shape() != Shape{m, dims / 2} || sin.shape() != cos.shape())
     throw std::invalid_argument("rope_attention_cache: accepted: q [1,M,Hq*D], k [1,M,Hk*D], "
                                 "v [1,M,Hk*Dv], cos and sin [M, dims/2], even dims <= D");
-  std::vector<int> first;
-  std::vector<array> inputs{q, k, v, cos, sin};
-  std::vector<Shape> shapes{{1, m, n_heads * dv}};
-  int at = 0;
-  for (size_t i = 0; i < n; i++) {
-    auto &kb = kbufs[i], &vb = vbufs[i];
-    bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
-              vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
-              kb.shape(1) == n_kv_heads && vb.shape(1) == n_kv_heads && kb.shape(3) == d &&
-              vb.shape(3) == dv && kb.shape(2) == vb.shape(2) && rows[i] > 0 &&
-              offsets[i] >= 0 && offsets[i] + rows[i] <= kb.shape(2);
-    if (!ok)
-      throw std::invalid_argument("rope_attention_cache: accepted: buffers [1,Hk,cap,D] and "
-                                  "[1,Hk,cap,Dv] with room for offset + rows");
-    first.push_back(at);
-    at += rows[i];
-    inputs.push_back(kb);
-    inputs.push_back(vb);
-    shapes.push_back(kb.shape());
-    shapes.push_back(vb.shape());
-  }
-  if (at != m)
-    throw std::invalid_argument("rope_attention_cache: the row counts must add up to M");
-  std::vector<Dtype> dtypes(shapes.size(), float32);
-  Rope rope{dims, n_heads, n_kv_heads};
-  return array::make_arrays(
-      std::move(shapes), dtypes,
-      std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold, rope),
-      std::move(inputs));
+  return cache_node("rope_attention_cache", {q, k, v, cos, sin}, m, n_heads, n_kv_heads, d, dv,
+                    kbufs, vbufs, rows, offsets, fold, scale, Rope{dims, n_heads, n_kv_heads}, s);
 }
 
 std::vector<array> linears(const array& x, const std::vector<array>& weights,
