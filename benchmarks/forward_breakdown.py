@@ -36,7 +36,6 @@ from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
 import mlx.core as mx
-import mlx.nn as nn
 
 POSITIONS = 16  # more than layers._ANGLES: each forward's RoPE angles are new, as in decoding
 
@@ -74,20 +73,6 @@ def graph_nodes(out: mx.array) -> Counter:
     return Counter("Compiled" if n.startswith("Compiled") else n for n in names)
 
 
-def _stock(m):
-    if isinstance(m, layers.ExactLinear):
-        ref = nn.Linear(1, 1, bias="bias" in m)
-    elif isinstance(m, layers.ExactRMSNorm):
-        ref = nn.RMSNorm(1, eps=m.eps)
-    elif isinstance(m, layers.ExactRoPE):
-        return nn.RoPE(m.dims, m.traditional, m.base, m.scale)
-    else:
-        return None
-    for key, value in m.items():
-        ref[key] = value
-    return ref
-
-
 _NATIVE = attention._native
 
 
@@ -108,7 +93,7 @@ class Variants:
         self.swaps = []
         for _, parent in model.named_modules():
             for key, child in parent.items():
-                ref = _stock(child)
+                ref = layers.stock(child)
                 if ref is not None:
                     self.swaps.append((parent, key, child, ref))
 

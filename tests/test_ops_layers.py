@@ -176,21 +176,6 @@ def test_fast_ops_install_reports_what_it_changed() -> None:
         assert fast_ops.install(model).blocks == 0
 
 
-def _stock(m):
-    """the nn module a twin stands in for, holding the same arrays"""
-    if isinstance(m, layers.ExactLinear):
-        ref = nn.Linear(1, 1, bias="bias" in m)
-    elif isinstance(m, layers.ExactRMSNorm):
-        ref = nn.RMSNorm(1, eps=m.eps)
-    elif isinstance(m, layers.ExactRoPE):
-        return nn.RoPE(m.dims, m.traditional, m.base, m.scale)
-    else:
-        return None
-    for key, value in m.items():
-        ref[key] = value
-    return ref
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("context", [200, 2000])
 def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
@@ -218,7 +203,10 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
 
     ours = logits()
     swaps = [
-        (p, k, c) for _, p in model.named_modules() for k, c in p.items() if _stock(c) is not None
+        (p, k, c)
+        for _, p in model.named_modules()
+        for k, c in p.items()
+        if layers.stock(c) is not None
     ]
     routed = module.scaled_dot_product_attention
     assert len(swaps) == 30 * 10 + 1  # a layer's 7 linears, 2 norms and RoPE; the last norm
@@ -230,7 +218,7 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
         # each layer's block, and its attention where native_layers' did not take it
         assert blocks.uninstall(model) in (30, 30 * 2)
         for parent, key, child in swaps:
-            parent[key] = _stock(child)
+            parent[key] = layers.stock(child)
         native_layers.uninstall(model)
         stock = logits()
     finally:

@@ -216,6 +216,22 @@ class ExactLinear(nn.Linear):
         return x @ t
 
 
+def stock(m: Any) -> Any:
+    """The stock nn module a twin stands in for, holding the same arrays (None for anything
+    else): what benchmarks and tests compare the twins against."""
+    if isinstance(m, ExactRoPE):
+        return nn.RoPE(m.dims, m.traditional, m.base, m.scale)
+    if isinstance(m, ExactLinear):
+        ref = nn.Linear(1, 1, bias="bias" in m)
+    elif isinstance(m, ExactRMSNorm):
+        ref = nn.RMSNorm(1, eps=m.eps)
+    else:
+        return None
+    for key, value in m.items():
+        ref[key] = value
+    return ref
+
+
 def _twin(m: Any) -> Any:
     if type(m) is nn.RoPE:
         return ExactRoPE(m.dims, m.traditional, m.base, m.scale)
