@@ -147,7 +147,11 @@ class PromptCache:
         """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
         s = self.settings
         self.target = make_target(
-            self.model, self.tokenizer, prefill_step=s.prefill_step, rollback=s.rollback
+            self.model,
+            self.tokenizer,
+            prefill_step=s.prefill_step,
+            rollback=s.rollback,
+            pieces=s.forward_pieces,
         )
         self.tokens: list[int] = []
 
@@ -233,7 +237,11 @@ def start_decoder(
         pc.target
         if pc
         else make_target(
-            model, tokenizer, prefill_step=settings.prefill_step, rollback=settings.rollback
+            model,
+            tokenizer,
+            prefill_step=settings.prefill_step,
+            rollback=settings.rollback,
+            pieces=settings.forward_pieces,
         )
     )
     params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(

@@ -15,10 +15,22 @@ if TYPE_CHECKING:  # the loaders import this package: it stays free of mlx until
 
 
 def make_target(
-    model: Any, tokenizer: Any = None, *, prefill_step: int = 2048, rollback: str = "auto"
+    model: Any,
+    tokenizer: Any = None,
+    *,
+    prefill_step: int = 2048,
+    rollback: str = "auto",
+    pieces: int = 3,
 ) -> Target:
     """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
-    recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture)."""
+    recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture).
+    pieces: how many pieces a forward's graph is handed to mlx in (CacheTarget)."""
+    target = _adapter(model, tokenizer, prefill_step, rollback)
+    target.pieces = pieces  # type: ignore[attr-defined]
+    return target
+
+
+def _adapter(model: Any, tokenizer: Any, prefill_step: int, rollback: str) -> Target:
     from mlx_lm.models.cache import make_prompt_cache
 
     from ..kernels import fast_ops

@@ -141,12 +141,30 @@ class Spy:
         return getattr(self.module, name)
 
 
+class Handoff(Spy):
+    """Stands in for a decoder layer and hands its output to mlx's stream as soon as it is
+    built (async_eval): the layers up to it compute while the rest of the graph is built."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.module(*args, **kwargs)
+        mx.async_eval(out)
+        return out
+
+
+def handoff_layers(num_layers: int, pieces: int) -> list[int]:
+    """The layers whose outputs are handed to the stream so that a forward of `num_layers`
+    layers runs in `pieces` nearly equal pieces (the last one ends with the logits)."""
+    pieces = max(1, min(pieces, num_layers))
+    return [num_layers * j // pieces - 1 for j in range(1, pieces)]
+
+
 @contextmanager
-def spying(slots: Sequence[tuple[Any, Any]]) -> Iterator[list[Spy]]:
-    """Inside the block, `container[key]` is a Spy for each (container, key) in `slots`
-    (a layer list and an index, or an nn.Module and a child's name); restored in `finally`."""
+def spying(slots: Sequence[tuple[Any, Any]], wrap: type[Spy] = Spy) -> Iterator[list[Spy]]:
+    """Inside the block, `container[key]` is a `wrap` (a Spy) for each (container, key) in
+    `slots` (a layer list and an index, or an nn.Module and a child's name); restored in
+    `finally`."""
     originals = [(c, k, c[k]) for c, k in slots]
-    spies = [Spy(o) for _, _, o in originals]
+    spies = [wrap(o) for _, _, o in originals]
     try:
         for (c, k, _), spy in zip(originals, spies):
             c[k] = spy
@@ -171,9 +189,13 @@ def _check_taps(info: TargetInfo, taps: tuple[int, ...]) -> None:
 
 
 class CacheTarget:
-    """What both adapters share: the mlx-lm cache, the tapped forward and chunked prefill."""
+    """What both adapters share: the mlx-lm cache, the tapped forward and chunked prefill.
+    pieces: a forward's graph is handed to mlx's stream in this many pieces as it is built
+    (Handoff), so a forward read at once does not wait for its whole graph to be built first;
+    1 = in one piece, when it is read (make_target sets ADASPEC_FORWARD_PIECES)."""
 
     tree_unsupported = "recurrent state"
+    pieces = 3
 
     def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
         from mlx_lm.models.cache import make_prompt_cache
@@ -193,10 +215,9 @@ class CacheTarget:
         An mx.array may still be lazy: the caller can queue this forward before reading it."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         x = x.astype(mx.uint32)[None]
-        if not taps:
-            return self.model(x, cache=self.cache)[0], []
         layers = layer_list(self.model)
-        with spying([(layers, i) for i in taps]) as spies:
+        handoffs = [(layers, i) for i in handoff_layers(len(layers), self.pieces)]
+        with spying([(layers, i) for i in taps]) as spies, spying(handoffs, Handoff):
             logits = self.model(x, cache=self.cache)[0]
         return logits, [layer_output(s) for s in spies]
 
