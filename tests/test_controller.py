@@ -134,13 +134,13 @@ def test_consumer_stopping_early_leaves_caches_consistent(tiny, prompt, program,
     assert new == [ref[len(got)]]
 
 
-def test_steps_inside_a_pipelined_burst_are_marked_overlapped(tiny):
-    """A plain burst: the first step has nothing queued before it and the last queues
-    nothing, so only the steps between time the pipelined rate."""
+def test_steps_of_a_pipelined_burst_are_marked_queued(tiny):
+    """A plain burst: the first step has nothing queued before it; each later one's forward
+    was queued by the step before (the last queues nothing)."""
     dec = Decoder(KVTarget(tiny), [], DecodeConfig(max_tokens=6), NeverSpeculate())
     dec.prefill([1, 2, 3])
-    marks = [dec.step(6 - i, Plan((), 5 - i - 1))[3].overlapped for i in range(5)]
-    assert marks == [False, True, True, True, False]
+    marks = [dec.step(6 - i, Plan((), 5 - i - 1))[3].queued for i in range(5)]
+    assert marks == [False, True, True, True, True]
 
 
 gate_configs = st.builds(

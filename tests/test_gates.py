@@ -304,30 +304,38 @@ def test_lost_lifts_back_off_and_a_won_lift_resets(events):
             s = floor.on_floor(cfg, s)  # end the run of speculation for the next event
 
 
-def test_ar_clock_reads_the_median_of_recent_plain_steps():
-    """A pipelined burst's last step reads short (its forward mostly ran during the step
-    before); one such step must not become t_ar."""
+def test_ar_clock_reads_the_mean_rate_of_a_run():
+    """In a run of plain steps (a synchronous head, then steps queued by the step before) the
+    wait for a forward falls on whichever step reads it: t_ar is the run's mean once it has
+    three steps. The generation's first plain step (cold) and speculative steps are not plain
+    decoding; a speculative step ends the run."""
     clock = ArClock()
-    for i, t in enumerate([0.9, 0.35, 0.2, 0.2, 0.2, 0.06]):  # cold first, long, steady, short
-        clock.observe(StepStats(committed=1, verify_s=t, context=100 + i))
-    assert clock.t_ar == 0.2 and clock.context == 105
+    for i, t in enumerate([0.9, 0.35, 0.2, 0.05]):  # cold first; head, queued, queued
+        clock.observe(StepStats(committed=1, verify_s=t, context=100 + i, queued=i >= 2))
+    assert clock.t_ar == pytest.approx(0.2) and clock.context == 103
     clock.observe(
         StepStats(drafted=3, accepted=3, committed=4, arm=0, draft_s=0.1, verify_s=0.5, context=110)
-    )  # speculative: ignored
-    assert clock.t_ar == 0.2 and clock.context == 105
+    )  # speculative: ignored, and the run is over
+    assert clock.t_ar == pytest.approx(0.2) and clock.context == 103
+    for i, t in enumerate([0.3, 0.3]):  # a new run: too short to read yet
+        clock.observe(StepStats(committed=1, verify_s=t, context=111 + i, queued=i > 0))
+    assert clock.t_ar == pytest.approx(0.2)
+    clock.observe(StepStats(committed=1, verify_s=0.3, context=113, queued=True))
+    assert clock.t_ar == pytest.approx(0.3) and clock.context == 113
 
 
-def test_ar_clock_prefers_steps_inside_pipelined_bursts():
-    """Once a pipelined step was seen, lone plain steps (a drafter with nothing to propose, a
-    synchronous step) no longer move t_ar: a floor decodes at the pipelined rate."""
+def test_ar_clock_prefers_runs_to_lone_steps():
+    """Once a run was seen, lone plain steps (a drafter with nothing to propose, a synchronous
+    step) no longer move t_ar: a floor decodes in runs."""
     clock = ArClock()
     for i, t in enumerate([0.9, 0.05, 0.05]):  # cold, then lone synchronous steps
         clock.observe(StepStats(committed=1, verify_s=t, context=10 + i))
-    assert clock.t_ar == 0.05 and not clock.overlapped
-    clock.observe(StepStats(committed=1, verify_s=0.04, context=13, overlapped=True))
-    assert clock.t_ar == 0.04 and clock.overlapped  # the lone steps' samples are dropped
-    clock.observe(StepStats(committed=1, verify_s=0.05, context=14))
-    assert clock.t_ar == 0.04 and clock.context == 13
+    assert clock.t_ar == 0.05 and not clock.from_runs
+    for i, t in enumerate([0.03, 0.01]):  # the last lone step heads a run of three
+        clock.observe(StepStats(committed=1, verify_s=t, context=13 + i, queued=True))
+    assert clock.t_ar == pytest.approx(0.03) and clock.from_runs
+    clock.observe(StepStats(committed=1, verify_s=0.5, context=15))
+    assert clock.t_ar == pytest.approx(0.03) and clock.context == 14
 
 
 def test_t_ar_is_measured_in_an_honest_pipelined_burst():
@@ -339,7 +347,7 @@ def test_t_ar_is_measured_in_an_honest_pipelined_burst():
         plan = pol.plan()
         assert plan.plain
         ahead.append(plan.plain_ahead)
-        pol.observe(StepStats(committed=1, verify_s=T_AR, context=100 + i, overlapped=0 < i < 3))
+        pol.observe(StepStats(committed=1, verify_s=T_AR, context=100 + i, queued=i > 0))
     assert ahead == [3, 2, 1, 0] and not pol.plan().plain
 
 

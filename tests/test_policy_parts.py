@@ -27,8 +27,8 @@ from adaspec.targets.kv import KVTarget
 T_AR = 0.010
 
 
-def plain(ctx=100, t=T_AR, overlapped=False):
-    return StepStats(committed=1, verify_s=t, context=ctx, overlapped=overlapped)
+def plain(ctx=100, t=T_AR, queued=False):
+    return StepStats(committed=1, verify_s=t, context=ctx, queued=queued)
 
 
 def spec(arm=0, k=4, accepted=0, draft_s=0.0, verify_s=T_AR, ctx=100):

@@ -51,11 +51,11 @@ def replay(calls, settings) -> int:
 @pytest.mark.parametrize(
     "name, env, plans",
     [
-        ("policy-calls-auto-smollm2-dev-128.jsonl.gz", {}, 2220),
+        ("policy-calls-auto-smollm2-dev-128.jsonl.gz", {}, 2364),
         (
             "policy-calls-auto-smollm2-dev-128-both-tree-auto.jsonl.gz",
             {"ADASPEC_GATE": "both", "ADASPEC_TREE_NODES": "auto"},
-            3096,
+            3122,
         ),
     ],
 )

@@ -72,6 +72,7 @@ class GatedPolicy:
         self.arms = ArmScheduler(self.sizer, self.cfg.holds, self.cfg.probe, self.cfg.free_cost)
         self.lifts = 0
         self.names: list[str] = []
+        self._config = asdict(self.cfg)  # the config is frozen: summary() reports it per step
 
     def start(self, arms: Sequence[str]) -> None:
         """A generation begins. Gates, floors and counters start afresh; what was measured of
@@ -163,5 +164,5 @@ class GatedPolicy:
             "arm_held_steps": dict(zip(names, self.arms.held_steps)),
             "tree_budgets": dict(zip(names, self.sizer.budgets())),
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
-            "config": asdict(self.cfg),
+            "config": self._config,
         }

@@ -272,13 +272,12 @@ class Decoder:
         self, draft: Draft | LazyDraft, plan: Plan, room: int
     ) -> tuple[Verified, Draft, bool]:
         """The step's verify (or plain forward): what it committed, the draft as read, and
-        whether the forward had been queued by the step before."""
+        whether its forward had been queued by the step before."""
         if isinstance(draft, LazyDraft):
             return *self._verify_lazy(draft), False
         if not draft.tokens and self.pipelinable:
-            queue_next = plan.plain_ahead > 0 and room > 1
-            overlapped = queue_next and self._queued is not None
-            return self._plain(queue_next), draft, overlapped
+            queued = self._queued is not None
+            return self._plain(plan.plain_ahead > 0 and room > 1), draft, queued
         return self._verify(draft), draft, False
 
     def step(
@@ -305,7 +304,7 @@ class Decoder:
         share), counted as verify time."""
         t1 = time.perf_counter()
         # 2. verify the newest committed token plus the draft in one forward, and accept
-        v, draft, overlapped = self._judge_step(draft, plan, room)
+        v, draft, queued = self._judge_step(draft, plan, room)
         t2 = time.perf_counter()
         # 3. commit; the cache keeps every committed token but the newest; tell every arm
         self.committed += v.tokens
@@ -333,7 +332,7 @@ class Decoder:
             floored=plan.plain and plan.plain_reason == FLOOR,
             measuring=plan.plain and plan.plain_reason == MEASURE,
             setup_s=draft.setup_s,
-            overlapped=overlapped,
+            queued=queued,
         )
         self.stats.record(s)
         self.policy.observe(s)

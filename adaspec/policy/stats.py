@@ -33,9 +33,9 @@ class StepStats:
     measuring: bool = False  # a plain step the policy took to time plain decoding
     setup_s: float = 0.0  # one-time drafter work inside draft_s (Draft.setup_s)
     nodes: int = 0  # nodes of a verified draft tree (drafted = its depth); 0 for a chain
-    # a plain step inside a pipelined burst (its forward queued by the step before, and it
-    # queued the next one's): its time is the per-token rate of plain decoding
-    overlapped: bool = False
+    # a plain step whose forward the step before queued (pipelined, as mlx-lm decodes): a run
+    # of them times plain decoding as a floor runs it
+    queued: bool = False
 
     @property
     def speculative(self) -> bool:
