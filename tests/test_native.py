@@ -350,3 +350,82 @@ def test_stored_embedding_rows_are_lazy_and_exact(smollm2):
     assert "StoredRows" in dot.getvalue()
     with pytest.raises(RuntimeError, match=f"token id {st.n} out of range 0..{st.n - 1}"):
         mx.eval(emb(mx.array([st.n])))
+
+
+def _qwen2(seed=0):
+    """a tiny qwen2 (q/k/v biases, GQA) in the shape of testing.models.tiny_model's"""
+    from mlx_lm.models import qwen2
+
+    mx.random.seed(seed)
+    args = qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=300,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_decoder_layer_keeps_the_logits_and_the_cache(arch):
+    """With every fast path installed, llama and qwen2 layers decode in one DecoderLayer node
+    (where the cache has room for the rows), bit for bit stock mlx-lm: logits and cache
+    contents after a prefill, steps of 1 and 3 rows and a 32-row verify; qwen3 (q/k norms)
+    keeps the other nodes."""
+    from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+    from tiny import tiny_model
+
+    from adaspec.kernels import fast_ops
+
+    make = (lambda: _qwen2()) if arch == "qwen2" else (lambda: tiny_model(arch))
+    model, fresh = make(), make()
+    fast_ops.install(model)
+    tokens = mx.array([[(7 * i + 5) % 250 for i in range(60)]])
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    at = 0
+    for n in (9, 1, 3, 32, 1):
+        chunk = tokens[:, at : at + n]
+        out = model(chunk, cache=c1)
+        dot = io.StringIO()
+        mx.export_to_dot(dot, out)
+        assert ("DecoderLayer" in dot.getvalue()) == (arch != "qwen3" and at > 0)
+        assert same_bits(out, fresh(chunk, cache=c2))
+        for a, b in zip(c1, c2):
+            assert a.offset == b.offset
+            for x, y in ((a.keys, b.keys), (a.values, b.values)):
+                assert same_bits(x[..., : a.offset, :], y[..., : b.offset, :])
+        at += n
+    trim_prompt_cache(c1, 32), trim_prompt_cache(c2, 32)  # a rejected verify, then a step
+    assert same_bits(model(tokens[:, :1], cache=c1), fresh(tokens[:, :1], cache=c2))
+
+
+def test_decoder_layer_refuses_what_it_cannot_compute():
+    from tiny import tiny_model
+
+    block = tiny_model("llama").model.layers[0]
+    x, kb = mx.zeros((1, 2, 64)), mx.zeros((1, 2, 16, 16))
+    ws = [block[a][p]["weight"] for a, p in (
+        ("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
+        ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"),
+    )]  # fmt: skip
+    norm = block.input_layernorm.weight
+    cos = mx.zeros((2, 8))
+
+    def call(weights=ws, biases=[None] * 7, x=x, offset=0, cos=cos):
+        return core().decoder_layer(
+            x, norm, norm, 1e-5, 1e-5, weights, biases, cos, cos, 16, 4, 2, kb, kb, offset,
+            False, 0.25,
+        )  # fmt: skip
+
+    mx.eval(call())
+    with pytest.raises(ValueError, match="seven weights"):
+        call(weights=ws[:6])
+    with pytest.raises(ValueError, match="layer's shapes"):
+        call(weights=[ws[1], *ws[1:]])
+    with pytest.raises(ValueError, match="room for offset"):
+        call(offset=15)
+    with pytest.raises(ValueError, match=r"x fp32 \[1, M, H\]"):
+        call(x=mx.zeros((2, 2, 64)))
+    with pytest.raises(ValueError, match="dims/2"):
+        call(cos=mx.zeros((3, 8)))

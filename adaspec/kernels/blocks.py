@@ -28,7 +28,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import attention, layers
+from . import attention, layers, native_layers
 
 # mlx-lm modules whose Attention and TransformerBlock have the code the twins reproduce
 COVERED = ("mlx_lm.models.llama", "mlx_lm.models.qwen2")
@@ -202,6 +202,9 @@ class FusedBlock:
     square in one kernel, where the post-attention norm is an ExactRMSNorm that fuses."""
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        out = native_layers.decode_layer(self, x, mask, cache)
+        if out is not None:  # the whole layer in one native node
+            return out
         norm = self.post_attention_layernorm
         if not (isinstance(norm, layers.ExactRMSNorm) and norm.fuses(x)):
             return super().__call__(x, mask, cache)  # type: ignore[misc]

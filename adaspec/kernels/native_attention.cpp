@@ -313,6 +313,14 @@ array attention_core(const array& q, const array& k, const array& v, float scale
                {q, k, v});
 }
 
+// y [m, n] = x [m, k] @ w [n, k]^T (+ b [n]) through the cblas_sgemm call mlx's Matmul makes for
+// nn.Linear (AddMM with a bias: the output filled with the bias rows, then added with beta 1)
+void linear(const float* x, int m, int k, const float* w, const float* b, int n, float* y) {
+  if (b)
+    for (int r = 0; r < m; r++) std::memcpy(y + static_cast<size_t>(r) * n, b, sizeof(float) * n);
+  cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, n, k, 1.0f, x, k, w, k, b ? 1.0f : 0.0f, y, n);
+}
+
 // Several projections of one input in one node: y_i = x @ w_i^T (+ b_i), each through the
 // cblas_sgemm call mlx's Matmul (AddMM with a bias) makes for nn.Linear on a [1, M, K] input
 // (x not transposed, lda K; w_i [N_i, K] read transposed, ldb K; AddMM first fills the
@@ -346,13 +354,7 @@ class Linears : public Primitive {
     for (auto& a : in) enc.set_input_array(a);
     for (auto& o : outs) enc.set_output_array(o);
     enc.dispatch([jobs, xp, m, k]() {
-      for (auto& j : jobs) {
-        if (j.b)
-          for (int r = 0; r < m; r++) std::memcpy(j.y + static_cast<size_t>(r) * j.n, j.b,
-                                                  sizeof(float) * j.n);
-        cblas_sgemm(kRowMajor, kNoTrans, kTrans, m, j.n, k, 1.0f, xp, k, j.w, k,
-                    j.b ? 1.0f : 0.0f, j.y, j.n);
-      }
+      for (auto& j : jobs) linear(xp, m, k, j.w, j.b, j.n, j.y);
     });
   }
 
@@ -414,6 +416,101 @@ bool donatable(const array& a, size_t outputs) {
          a.data_shared_ptr()->is_owned();
 }
 
+// A cache node's work (AttentionCache, DecoderLayer): per sequence, its rows' keys (rotated
+// with RoPE when rope.dims) and values written into its cache buffers at its offset, then its
+// rows' attention against keys 0 .. offset + rows, output rows through `o`.
+struct Copy {
+  const float* src;
+  float* dst;
+  size_t count;
+};
+
+struct CacheJob {
+  std::vector<int> first, rows, offsets;
+  std::vector<bool> fold;
+  float scale;
+  Rope rope;
+  int hq, hk, m, d, dv;
+  std::vector<Shape4> shapes;  // per sequence
+  std::vector<View> views;     // per sequence: its key and value buffers
+  std::vector<float*> bufs;
+  std::vector<int> caps;
+  std::vector<Copy> copies;  // buffers that could not be donated: copied before writing
+  View q, kn, vn;
+  const float *cs = nullptr, *sn = nullptr;
+  Out o;
+};
+
+// rows given as [1, M, heads * dims] (the projections' outputs): read as [1, H, M, D]
+View rowwise(const float* p, int m, int h, int dd) {
+  return View{p, int64_t{m} * h * dd, dd, int64_t{h} * dd, 1};
+}
+
+// Outputs 1 .. of a cache node are the buffers of inputs at .. (one key and one value buffer
+// per sequence): shared with the input where mlx may donate it, else a copy made first.
+void take_buffers(CacheJob& job, const std::vector<array>& in, size_t at,
+                  std::vector<array>& outs) {
+  size_t n = job.first.size();
+  for (size_t j = 0; j < 2 * n; j++) {
+    auto& src = in[at + j];
+    auto& dst = outs[1 + j];
+    if (!src.flags().row_contiguous) throw std::runtime_error("attention_cache: buffer");
+    if (donatable(src, outs.size())) {
+      dst.copy_shared_buffer(src);
+    } else {
+      buffer_copies++;
+      dst.set_data(allocator::malloc(dst.nbytes()));
+      job.copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
+    }
+  }
+  job.d = static_cast<int>(outs[1].shape(3));
+  job.dv = static_cast<int>(outs[2].shape(3));
+  for (size_t i = 0; i < n; i++) {
+    int cap = static_cast<int>(outs[1 + 2 * i].shape(2));
+    job.caps.push_back(cap);
+    job.shapes.push_back({1, job.hq, job.hk, 0, job.offsets[i] + job.rows[i], job.d, job.dv});
+    for (int j = 0; j < 2; j++) {
+      auto& b = outs[1 + 2 * i + j];
+      job.bufs.push_back(b.data<float>());
+      job.views.push_back({b.data<float>(), b.strides()[0], b.strides()[1], b.strides()[2], 1});
+    }
+  }
+}
+
+void run_cache_job(const CacheJob& j) {
+  for (auto& c : j.copies) std::memcpy(c.dst, c.src, sizeof(float) * c.count);
+  int hq = j.hq, hk = j.hk, m = j.m, d = j.d, dv = j.dv;
+  std::vector<float> rotated;  // rope: q rotated, as [Hq, M, D]
+  View qv = j.q;
+  if (j.rope.dims) {
+    rotated.resize(static_cast<size_t>(hq) * m * d);
+    for (int h = 0; h < hq; h++)
+      for (int l = 0; l < m; l++)
+        rotate(j.q.at(0, h, l), j.cs + static_cast<size_t>(l) * (j.rope.dims / 2),
+               j.sn + static_cast<size_t>(l) * (j.rope.dims / 2), j.rope.dims, d,
+               &rotated[(static_cast<size_t>(h) * m + l) * d]);
+    qv = View{rotated.data(), int64_t{hq} * m * d, int64_t{m} * d, d, 1};
+  }
+  for (size_t i = 0; i < j.first.size(); i++) {
+    for (int h = 0; h < hk; h++)
+      for (int l = 0; l < j.rows[i]; l++) {
+        size_t at = (static_cast<size_t>(h) * j.caps[i] + j.offsets[i] + l);
+        const float* ks = j.kn.at(0, h, j.first[i] + l);
+        float* kd = j.bufs[2 * i] + at * d;
+        if (j.rope.dims) {
+          size_t row = static_cast<size_t>(j.first[i] + l) * (j.rope.dims / 2);
+          rotate(ks, j.cs + row, j.sn + row, j.rope.dims, d, kd);
+        } else {
+          std::memcpy(kd, ks, sizeof(float) * d);
+        }
+        std::memcpy(j.bufs[2 * i + 1] + at * dv, j.vn.at(0, h, j.first[i] + l),
+                    sizeof(float) * dv);
+      }
+    heads(j.shapes[i], j.first[i], j.rows[i], qv, j.views[2 * i], j.views[2 * i + 1], j.scale,
+          j.rows[i] > 1, j.fold[i], 0, j.o);
+  }
+}
+
 // Several sequences' KV cache writes and attention in one node. Inputs: q [1, Hq, M, D], the
 // new keys k [1, Hk, M, D] and values v [1, Hk, M, Dv] of all M rows, then per sequence its
 // cache buffers kb [1, Hk, cap, D] and vb [1, Hk, cap, Dv] (mlx-lm's KVCache.keys / values).
@@ -431,96 +528,30 @@ class AttentionCache : public Primitive {
 
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
     if (rope_.dims == 0) check_last_axis({in[0], in[1], in[2]});
-    int bufs_at = rope_.dims ? 5 : 3;  // rope: q, k, v rows, then cos and sin
     auto& out = outs[0];
     out.set_data(allocator::malloc(out.nbytes()));
-    size_t n = first_.size();
-    struct Copy {
-      const float* src;
-      float* dst;
-      size_t count;
-    };
-    std::vector<Copy> copies;  // buffers that could not be donated: copied before writing
-    for (size_t j = 0; j < 2 * n; j++) {
-      auto& src = in[bufs_at + j];
-      auto& dst = outs[1 + j];
-      if (!src.flags().row_contiguous) throw std::runtime_error("attention_cache: buffer");
-      if (donatable(src, outs.size())) {
-        dst.copy_shared_buffer(src);
-      } else {
-        buffer_copies++;
-        dst.set_data(allocator::malloc(dst.nbytes()));
-        copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
-      }
-    }
-    int hq = rope_.dims ? rope_.hq : static_cast<int>(in[0].shape(1));
-    int hk = rope_.dims ? rope_.hk : static_cast<int>(in[1].shape(1));
-    int m = rope_.dims ? static_cast<int>(in[0].shape(1)) : static_cast<int>(in[0].shape(2));
-    int d = static_cast<int>(outs[1].shape(3)), dv = static_cast<int>(outs[2].shape(3));
-    if (rope_.dims)
+    CacheJob job{first_, rows_, offsets_, fold_, scale_, rope_};
+    job.hq = rope_.dims ? rope_.hq : static_cast<int>(in[0].shape(1));
+    job.hk = rope_.dims ? rope_.hk : static_cast<int>(in[1].shape(1));
+    job.m = rope_.dims ? static_cast<int>(in[0].shape(1)) : static_cast<int>(in[0].shape(2));
+    take_buffers(job, in, rope_.dims ? 5 : 3, outs);  // rope: q, k, v rows, then cos and sin
+    if (rope_.dims) {
       for (int j = 0; j < 5; j++)
         if (!in[j].flags().row_contiguous)
           throw std::runtime_error("attention_cache: rope inputs not contiguous");
-    std::vector<Shape4> shapes;
-    std::vector<View> views;
-    std::vector<float*> bufs;
-    std::vector<int> caps;
-    for (size_t i = 0; i < n; i++) {
-      int cap = static_cast<int>(outs[1 + 2 * i].shape(2));
-      caps.push_back(cap);
-      shapes.push_back({1, hq, hk, 0, offsets_[i] + rows_[i], d, dv});
-      for (int j = 0; j < 2; j++) {
-        auto& b = outs[1 + 2 * i + j];
-        bufs.push_back(b.data<float>());
-        views.push_back({b.data<float>(), b.strides()[0], b.strides()[1], b.strides()[2], 1});
-      }
+      job.q = rowwise(in[0].data<float>(), job.m, job.hq, job.d);
+      job.kn = rowwise(in[1].data<float>(), job.m, job.hk, job.d);
+      job.vn = rowwise(in[2].data<float>(), job.m, job.hk, job.dv);
+      job.cs = in[3].data<float>();
+      job.sn = in[4].data<float>();
+    } else {
+      job.q = view(in[0]), job.kn = view(in[1]), job.vn = view(in[2]);
     }
-    // rows given as [1, M, heads * dims] (the projections' outputs): read as [1, H, M, D]
-    auto rowwise = [m](const array& a, int h, int dd) {
-      return View{a.data<float>(), int64_t{m} * h * dd, dd, int64_t{h} * dd, 1};
-    };
-    View q = rope_.dims ? rowwise(in[0], hq, d) : view(in[0]);
-    View kn = rope_.dims ? rowwise(in[1], hk, d) : view(in[1]);
-    View vn = rope_.dims ? rowwise(in[2], hk, dv) : view(in[2]);
-    const float* cs = rope_.dims ? in[3].data<float>() : nullptr;
-    const float* sn = rope_.dims ? in[4].data<float>() : nullptr;
-    Out o{out.data<float>(), dv, int64_t{hq} * dv};
+    job.o = Out{out.data<float>(), job.dv, int64_t{job.hq} * job.dv};
     auto& enc = cpu::get_command_encoder(stream());
     for (auto& a : in) enc.set_input_array(a);
     for (auto& a : outs) enc.set_output_array(a);
-    enc.dispatch([=, first = first_, rows = rows_, offsets = offsets_, fold = fold_,
-                  scale = scale_, rope = rope_]() {
-      for (auto& c : copies) std::memcpy(c.dst, c.src, sizeof(float) * c.count);
-      std::vector<float> rotated;  // rope: q rotated, as [Hq, M, D]
-      View qv = q;
-      if (rope.dims) {
-        rotated.resize(static_cast<size_t>(hq) * m * d);
-        for (int h = 0; h < hq; h++)
-          for (int l = 0; l < m; l++)
-            rotate(q.at(0, h, l), cs + static_cast<size_t>(l) * (rope.dims / 2),
-                   sn + static_cast<size_t>(l) * (rope.dims / 2), rope.dims, d,
-                   &rotated[(static_cast<size_t>(h) * m + l) * d]);
-        qv = View{rotated.data(), int64_t{hq} * m * d, int64_t{m} * d, d, 1};
-      }
-      for (size_t i = 0; i < first.size(); i++) {
-        for (int h = 0; h < hk; h++)
-          for (int l = 0; l < rows[i]; l++) {
-            size_t at = (static_cast<size_t>(h) * caps[i] + offsets[i] + l);
-            const float* ks = kn.at(0, h, first[i] + l);
-            float* kd = bufs[2 * i] + at * d;
-            if (rope.dims) {
-              size_t row = static_cast<size_t>(first[i] + l) * (rope.dims / 2);
-              rotate(ks, cs + row, sn + row, rope.dims, d, kd);
-            } else {
-              std::memcpy(kd, ks, sizeof(float) * d);
-            }
-            std::memcpy(bufs[2 * i + 1] + at * dv, vn.at(0, h, first[i] + l),
-                        sizeof(float) * dv);
-          }
-        heads(shapes[i], first[i], rows[i], qv, views[2 * i], views[2 * i + 1], scale,
-              rows[i] > 1, fold[i], 0, o);
-      }
-    });
+    enc.dispatch([job = std::move(job)]() { run_cache_job(job); });
   }
 
   void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
@@ -541,21 +572,20 @@ class AttentionCache : public Primitive {
   Rope rope_;
 };
 
-// One node for the sequences' cache writes and attention: checks what every call shares (one
-// buffer pair, row count, offset and fold flag per sequence, each with room for its rows)
-// and makes the node; `heads` and `dims` are the buffers' head count and key/value widths.
-std::vector<array> cache_node(const char* what, std::vector<array> inputs, int m, int hq, int hk,
-                              int d, int dv, const std::vector<array>& kbufs,
-                              const std::vector<array>& vbufs, const std::vector<int>& rows,
-                              const std::vector<int>& offsets, const std::vector<bool>& fold,
-                              float scale, Rope rope, StreamOrDevice s) {
+// What every cache node checks (one buffer pair, row count, offset and fold flag per sequence,
+// each with room for its rows, the rows adding up to m): appends the buffers to `inputs` and
+// their shapes to `shapes`; returns each sequence's first row.
+std::vector<int> cache_inputs(const char* what, std::vector<array>& inputs,
+                              std::vector<Shape>& shapes, int m, int hk, int d, int dv,
+                              const std::vector<array>& kbufs, const std::vector<array>& vbufs,
+                              const std::vector<int>& rows, const std::vector<int>& offsets,
+                              const std::vector<bool>& fold) {
   size_t n = rows.size();
   if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
       fold.size() != n)
     throw std::invalid_argument(std::string(what) + ": accepted: one key buffer, value buffer, "
                                 "row count, offset and fold flag per sequence");
   std::vector<int> first;
-  std::vector<Shape> shapes{{1, m, hq * dv}};
   int at = 0;
   for (size_t i = 0; i < n; i++) {
     auto &kb = kbufs[i], &vb = vbufs[i];
@@ -576,6 +606,19 @@ std::vector<array> cache_node(const char* what, std::vector<array> inputs, int m
   }
   if (at != m)
     throw std::invalid_argument(std::string(what) + ": the row counts must add up to the rows");
+  return first;
+}
+
+// One node for the sequences' cache writes and attention; `heads` and `dims` are the buffers'
+// head count and key/value widths.
+std::vector<array> cache_node(const char* what, std::vector<array> inputs, int m, int hq, int hk,
+                              int d, int dv, const std::vector<array>& kbufs,
+                              const std::vector<array>& vbufs, const std::vector<int>& rows,
+                              const std::vector<int>& offsets, const std::vector<bool>& fold,
+                              float scale, Rope rope, StreamOrDevice s) {
+  std::vector<Shape> shapes{{1, m, hq * dv}};
+  auto first = cache_inputs(what, inputs, shapes, m, hk, d, dv, kbufs, vbufs, rows, offsets,
+                            fold);
   std::vector<Dtype> dtypes(shapes.size(), float32);
   return array::make_arrays(
       std::move(shapes), dtypes,
@@ -659,6 +702,180 @@ std::vector<array> linears(const array& x, const std::vector<array>& weights,
                             std::make_shared<Linears>(to_stream(s), has), std::move(inputs));
 }
 
+// RMSNorm of each row of x [m, n] as kernels/layers.py's ExactRMSNorm (mx.fast.rms_norm's CPU
+// fallback): the squares summed from the left (mlx's Sum on this CPU), times float(1 / n),
+// plus eps, 1 / sqrt, then x * that * weight, each step rounded to float.
+void rms_norm(const float* x, int m, int n, const float* w, float eps, float* y) {
+  float inv_n = static_cast<float>(1.0 / n);
+  for (int r = 0; r < m; r++) {
+    const float* xr = x + static_cast<size_t>(r) * n;
+    float total = 0.0f;
+    for (int j = 0; j < n; j++) total += xr[j] * xr[j];
+    float f = 1.0f / std::sqrt(total * inv_n + eps);
+    float* yr = y + static_cast<size_t>(r) * n;
+    for (int j = 0; j < n; j++) yr[j] = xr[j] * f * w[j];
+  }
+}
+
+// mlx-lm's swiglu (its compiled silu(gate) * up): gate * sigmoid(gate) * up, with mlx's
+// sigmoid (1 / (1 + exp(|g|)), mirrored for g >= 0) on its exp polynomial
+void swiglu(const float* g, const float* u, size_t n, float* y) {
+  for (size_t j = 0; j < n; j++) {
+    float e = 1.0f / (1.0f + exp_as_mlx(std::fabs(g[j])));
+    float s = g[j] < 0.0f ? e : 1.0f - e;
+    y[j] = g[j] * s * u[j];
+  }
+}
+
+// A llama / qwen2 decoder layer (mlx-lm's TransformerBlock with its Attention and MLP) over
+// the rows of x [1, M, H], in one node, with the bits of its graph of mlx ops and adaspec's
+// twins: input RMSNorm; q, k, v projections; RoPE, the KV cache write and attention
+// (AttentionCache's work); o projection; residual sum; post-attention RMSNorm; gate and up
+// projections; swiglu; down projection; residual sum. Inputs: x, the two norms' weights, the
+// seven projections' weights (q, k, v, o, gate, up, down), each followed by its bias where it
+// has one, cos and sin [M, dims / 2], then the cache's key and value buffers. Outputs: the
+// layer's output [1, M, H], then the new key and value buffers.
+class DecoderLayer : public Primitive {
+ public:
+  DecoderLayer(Stream s, std::vector<bool> bias, float eps1, float eps2, float scale, int offset,
+               bool fold, Rope rope)
+      : Primitive(s), bias_(bias), eps1_(eps1), eps2_(eps2), scale_(scale), offset_(offset),
+        fold_(fold), rope_(rope) {}
+
+  void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
+    for (auto& a : in)
+      if (!a.flags().row_contiguous) throw std::runtime_error("decoder_layer: not contiguous");
+    auto& out = outs[0];
+    out.set_data(allocator::malloc(out.nbytes()));
+    int m = static_cast<int>(in[0].shape(1)), hidden = static_cast<int>(in[0].shape(2));
+    struct Proj {
+      const float *w, *b;
+      int n, k;
+    };
+    std::vector<Proj> p;
+    size_t at = 3;
+    for (size_t i = 0; i < 7; i++) {
+      auto& w = in[at++];
+      const float* b = bias_[i] ? in[at++].data<float>() : nullptr;
+      p.push_back({w.data<float>(), b, static_cast<int>(w.shape(0)),
+                   static_cast<int>(w.shape(1))});
+    }
+    CacheJob job{{0}, {m}, {offset_}, {fold_}, scale_, rope_};
+    job.hq = rope_.hq, job.hk = rope_.hk, job.m = m;
+    job.cs = in[at].data<float>();
+    job.sn = in[at + 1].data<float>();
+    take_buffers(job, in, at + 2, outs);
+    const float *x = in[0].data<float>(), *w1 = in[1].data<float>(), *w2 = in[2].data<float>();
+    float* y = out.data<float>();
+    float eps1 = eps1_, eps2 = eps2_;
+    auto& enc = cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    for (auto& a : outs) enc.set_output_array(a);
+    enc.dispatch([job = std::move(job), p = std::move(p), x, w1, w2, y, m, hidden, eps1,
+                  eps2]() mutable {
+      size_t mh = static_cast<size_t>(m) * hidden, mi = static_cast<size_t>(m) * p[4].n;
+      std::vector<float> xn(mh), q(static_cast<size_t>(m) * p[0].n),
+          k(static_cast<size_t>(m) * p[1].n), v(static_cast<size_t>(m) * p[2].n),
+          att(static_cast<size_t>(m) * p[3].k), r(mh), h(mh), g(mi), u(mi);
+      rms_norm(x, m, hidden, w1, eps1, xn.data());
+      linear(xn.data(), m, hidden, p[0].w, p[0].b, p[0].n, q.data());
+      linear(xn.data(), m, hidden, p[1].w, p[1].b, p[1].n, k.data());
+      linear(xn.data(), m, hidden, p[2].w, p[2].b, p[2].n, v.data());
+      job.q = rowwise(q.data(), m, job.hq, job.d);
+      job.kn = rowwise(k.data(), m, job.hk, job.d);
+      job.vn = rowwise(v.data(), m, job.hk, job.dv);
+      job.o = Out{att.data(), job.dv, int64_t{job.hq} * job.dv};
+      run_cache_job(job);
+      linear(att.data(), m, p[3].k, p[3].w, p[3].b, p[3].n, r.data());
+      for (size_t j = 0; j < mh; j++) h[j] = x[j] + r[j];
+      rms_norm(h.data(), m, hidden, w2, eps2, xn.data());
+      linear(xn.data(), m, hidden, p[4].w, p[4].b, p[4].n, g.data());
+      linear(xn.data(), m, hidden, p[5].w, p[5].b, p[5].n, u.data());
+      swiglu(g.data(), u.data(), mi, g.data());
+      linear(g.data(), m, p[6].k, p[6].w, p[6].b, p[6].n, r.data());
+      for (size_t j = 0; j < mh; j++) y[j] = h[j] + r[j];
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("decoder_layer: CPU only");
+  }
+  const char* name() const override { return "DecoderLayer"; }
+  bool is_equivalent(const Primitive& other) const override {
+    auto& o = static_cast<const DecoderLayer&>(other);
+    return bias_ == o.bias_ && eps1_ == o.eps1_ && eps2_ == o.eps2_ && scale_ == o.scale_ &&
+           offset_ == o.offset_ && fold_ == o.fold_ && rope_.dims == o.rope_.dims &&
+           rope_.hq == o.rope_.hq && rope_.hk == o.rope_.hk;
+  }
+
+ private:
+  std::vector<bool> bias_;
+  float eps1_, eps2_, scale_;
+  int offset_;
+  bool fold_;
+  Rope rope_;
+};
+
+std::vector<array> decoder_layer(const array& x, const array& norm1, const array& norm2,
+                                 double eps1, double eps2,
+                                 const std::vector<array>& weights,
+                                 const std::vector<std::optional<array>>& biases,
+                                 const array& cos, const array& sin, int dims, int n_heads,
+                                 int n_kv_heads, const array& kbuf, const array& vbuf,
+                                 int offset, bool fold, float scale, StreamOrDevice s) {
+  auto bad = [](const char* what) {
+    return std::invalid_argument(std::string("decoder_layer: accepted: ") + what);
+  };
+  if (x.ndim() != 3 || x.shape(0) != 1 || x.dtype() != float32)
+    throw bad("x fp32 [1, M, H]");
+  int m = static_cast<int>(x.shape(1)), hidden = static_cast<int>(x.shape(2));
+  if (weights.size() != 7 || biases.size() != 7)
+    throw bad("seven weights (q, k, v, o, gate, up, down) and seven biases (or None)");
+  if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) throw bad("Hq a multiple of Hk");
+  for (auto* a : {&norm1, &norm2})
+    if (a->ndim() != 1 || a->dtype() != float32 || a->shape(0) != hidden)
+      throw bad("fp32 norm weights [H]");
+  if (kbuf.ndim() != 4 || vbuf.ndim() != 4)
+    throw bad("key and value buffers [1, Hk, cap, D]");
+  int d = static_cast<int>(kbuf.shape(3)), dv = static_cast<int>(vbuf.shape(3));
+  int inter = weights[4].ndim() == 2 ? static_cast<int>(weights[4].shape(0)) : -1;
+  // each projection's [N, K]
+  std::vector<std::pair<int, int>> want{{n_heads * d, hidden},  {n_kv_heads * d, hidden},
+                                        {n_kv_heads * dv, hidden}, {hidden, n_heads * dv},
+                                        {inter, hidden},         {inter, hidden},
+                                        {hidden, inter}};
+  std::vector<array> inputs{x, norm1, norm2};
+  std::vector<bool> has;
+  for (size_t i = 0; i < 7; i++) {
+    auto& w = weights[i];
+    if (w.ndim() != 2 || w.dtype() != float32 || w.shape(0) != want[i].first ||
+        w.shape(1) != want[i].second)
+      throw bad("fp32 weights of the layer's shapes ([N, K]: q Hq*D x H, k and v Hk*D x H, "
+                "o H x Hq*Dv, gate and up I x H, down H x I)");
+    inputs.push_back(w);
+    has.push_back(biases[i].has_value());
+    if (biases[i]) {
+      auto& b = *biases[i];
+      if (b.ndim() != 1 || b.dtype() != float32 || b.shape(0) != w.shape(0))
+        throw bad("fp32 biases [N]");
+      inputs.push_back(b);
+    }
+  }
+  if (dims <= 0 || dims % 2 || dims > d || cos.dtype() != float32 || sin.dtype() != float32 ||
+      cos.shape() != Shape{m, dims / 2} || sin.shape() != cos.shape())
+    throw bad("cos and sin fp32 [M, dims/2], even dims <= D");
+  inputs.push_back(cos);
+  inputs.push_back(sin);
+  std::vector<Shape> shapes{x.shape()};
+  cache_inputs("decoder_layer", inputs, shapes, m, n_kv_heads, d, dv, {kbuf}, {vbuf}, {m},
+               {offset}, {fold});
+  auto node = std::make_shared<DecoderLayer>(to_stream(s), has, static_cast<float>(eps1),
+                                             static_cast<float>(eps2), scale, offset, fold,
+                                             Rope{dims, n_heads, n_kv_heads});
+  return array::make_arrays(std::move(shapes), {float32, float32, float32}, node,
+                            std::move(inputs));
+}
+
 // An embedding table at its stored bits (kernels/stored.py): the rows of the token ids, widened
 // by the routed kernel's own widening (adaspec_stored_values, the function the numpy gather
 // calls), in one lazy node, so building the next step's graph need not wait for the ids.
@@ -738,6 +955,11 @@ NB_MODULE(_adaspec_native, m) {
         nb::arg("n_kv_heads"), nb::arg("key_buffers"), nb::arg("value_buffers"),
         nb::arg("rows"), nb::arg("offsets"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());
+  m.def("decoder_layer", &decoder_layer, nb::arg("x"), nb::arg("norm1"), nb::arg("norm2"),
+        nb::arg("eps1"), nb::arg("eps2"), nb::arg("weights"), nb::arg("biases"), nb::arg("cos"),
+        nb::arg("sin"), nb::arg("dims"), nb::arg("n_heads"), nb::arg("n_kv_heads"),
+        nb::arg("key_buffer"), nb::arg("value_buffer"), nb::arg("offset"), nb::arg("fold"),
+        nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
   m.def("attention_rows", &attention_rows, nb::arg("q"), nb::arg("keys"), nb::arg("values"),
         nb::arg("rows"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());

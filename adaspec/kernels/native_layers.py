@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention, native
-from .layers import ExactLinear
+from .layers import RMS_MAX_ROWS, ExactLinear, ExactRMSNorm
 from .layers import ExactRoPE as ExactRope
 
 MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
@@ -115,6 +115,67 @@ def attend_rows(
         c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
         c.offset += rows[i]
     return attn.o_proj(out)
+
+
+PROJECTIONS = (
+    ("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
+    ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"),
+)  # fmt: skip
+
+
+def _block_parts(block: Any) -> bool:
+    """a llama / qwen2 TransformerBlock of mlx-lm's Attention (no q/k norms) and MLP, with
+    fp32 ExactRMSNorms, an ExactRoPE (not traditional) and plain fp32 projections"""
+    attn, mlp = block.get("self_attn"), block.get("mlp")
+    kinds = [(sys.modules.get(m), m) for m in MODULES[:2]]
+    if not any(
+        mod is not None and isinstance(attn, mod.Attention) and isinstance(mlp, mod.MLP)
+        for mod, _ in kinds
+    ):
+        return False
+    norms = [block.get("input_layernorm"), block.get("post_attention_layernorm")]
+    rope = getattr(attn, "rope", None)
+    return (
+        all(type(n) is ExactRMSNorm and n.weight.dtype == mx.float32 for n in norms)
+        and "q_norm" not in attn
+        and type(rope) is ExactRope
+        and not rope.traditional
+        and all(_plain(block[a][p]) for a, p in PROJECTIONS)
+    )
+
+
+def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
+    """A llama / qwen2 decoder layer (`block`, an mlx-lm TransformerBlock) over x's rows in one
+    native node (`decoder_layer`: the norms, projections, RoPE, cache write, attention, swiglu
+    and residual sums, each with the bits of the graph it stands for); the cache is left as its
+    update_and_fetch leaves it. None where that does not apply (nothing is changed then)."""
+    rows = x.shape[1] if x.ndim == 3 else 0
+    if (
+        x.ndim != 3
+        or x.shape[0] != 1
+        or x.dtype != mx.float32
+        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
+        or not 0 < rows <= RMS_MAX_ROWS
+        or not _room(cache, rows)
+        or not _block_parts(block)
+    ):
+        return None
+    core = native.get()
+    if core is None:
+        return None
+    attn = block.self_attn
+    rep, dim = attn.n_heads // attn.n_kv_heads, cache.keys.shape[-1]
+    fold = rep > 1 and attention.folds(rep * rows, cache.offset + rows, dim)
+    cos, sin = attn.rope._cos_sin(cache.offset, rows)
+    projs = [block[a][p] for a, p in PROJECTIONS]
+    n1, n2 = block.input_layernorm, block.post_attention_layernorm
+    out, cache.keys, cache.values = core.decoder_layer(
+        x, n1.weight, n2.weight, n1.eps, n2.eps, [p["weight"] for p in projs],
+        [p.get("bias") for p in projs], cos, sin, attn.rope.dims, attn.n_heads,
+        attn.n_kv_heads, cache.keys, cache.values, cache.offset, fold, attn.scale,
+    )  # fmt: skip
+    cache.offset += rows
+    return out
 
 
 _twins: dict[type, type] = {}
