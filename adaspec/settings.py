@@ -69,7 +69,7 @@ class Settings(BaseSettings):
     prefill_step: int = Field(2048, ge=1, le=1 << 20)
     # a forward's graph is handed to mlx's stream in this many pieces as it is built, so the
     # first layers compute while the rest are built (1 = in one piece, when it is read)
-    forward_pieces: int = Field(3, ge=1, le=256)
+    forward_pieces: int = Field(10, ge=1, le=256)
     # recurrent targets: how rollback restores recurrent state (auto = cheapest for the arch)
     rollback: str = "auto"
     # PLD: n-gram sizes matched (longest first) and tokens proposed per step.

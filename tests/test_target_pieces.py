@@ -59,6 +59,6 @@ def test_layers_are_restored_when_the_forward_raises():
 
 
 def test_the_setting_names_value_and_range():
-    assert Settings().forward_pieces == 3
+    assert Settings().forward_pieces == 10
     with pytest.raises(Exception, match="ADASPEC_FORWARD_PIECES=0"):
         Settings(forward_pieces=0)

@@ -5,7 +5,11 @@
 - attention: q, k and v projections in one node (`linears`), then (after the module's q/k
   norms, where it has them) RoPE, the KV cache write and attention in one more
   (`rope_attention_cache`: ExactRoPE's arithmetic, mlx-lm's KVCache layout and sdpa's), then
-  the module's `o_proj`; the cache is left as its `update_and_fetch` leaves it.
+  the module's `o_proj`; the cache is left as its `update_and_fetch` leaves it;
+- a whole llama / qwen2 decoder layer (`decode_layer`, called by blocks.py's block twin): both
+  norms, every projection, RoPE, the cache write, attention, swiglu and the residual sums in
+  one node (`decoder_layer`), where its parts are the twins above and the rows fit the
+  RMSNorm twin (up to layers.RMS_MAX_ROWS).
 
 `install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
 `Attention`) to a subclass made once per class, whose `__call__` takes the module's own

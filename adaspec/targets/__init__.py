@@ -20,7 +20,7 @@ def make_target(
     *,
     prefill_step: int = 2048,
     rollback: str = "auto",
-    pieces: int = 3,
+    pieces: int = 10,
 ) -> Target:
     """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
     recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture).

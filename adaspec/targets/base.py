@@ -195,7 +195,7 @@ class CacheTarget:
     1 = in one piece, when it is read (make_target sets ADASPEC_FORWARD_PIECES)."""
 
     tree_unsupported = "recurrent state"
-    pieces = 3
+    pieces = 10
 
     def __init__(self, model: Any, tokenizer: Any = None, *, prefill_step: int = 2048):
         from mlx_lm.models.cache import make_prompt_cache
