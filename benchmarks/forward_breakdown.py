@@ -9,9 +9,10 @@ real model at a given context (docs/fast_ops.md, "Cost").
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`no-blocks` as `twins` without blocks.py's attention and decoder-block twins, `no-native` as
-`twins` without adaspec's native primitives (kernels/native.py: attention, the MLP's gate and
-up projections in one node each; blocks.py's attention twin on mlx ops instead),
+`no-blocks` as `twins` without blocks.py's attention and decoder-block twins (so without the
+one-node decoder layers they call), `no-native` as `twins` without adaspec's native primitives
+(kernels/native.py: a decoder layer, attention, the MLP's gate and up projections in one node
+each; blocks.py's twins on mlx ops instead),
 `stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin and
 the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are
 medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
@@ -74,9 +75,14 @@ def graph_nodes(out: mx.array) -> Counter:
 
 
 _NATIVE = attention._native
+_DECODE_LAYER = native_layers.decode_layer
 
 
 def _no_native(*args):
+    return None
+
+
+def _no_layer(*args):
     return None
 
 
@@ -99,6 +105,7 @@ class Variants:
 
     def use(self, name: str) -> None:
         attention._native = _no_native if name == "no-native" else _NATIVE
+        native_layers.decode_layer = _no_layer if name == "no-native" else _DECODE_LAYER
         blocks.uninstall(self.model)  # then as fast_ops.install: native_layers before blocks
         if name in ("no-native", "stock"):
             native_layers.uninstall(self.model)
