@@ -414,8 +414,8 @@ def test_decoder_layer_refuses_what_it_cannot_compute():
 
     def call(weights=ws, biases=[None] * 7, x=x, offset=0, cos=cos):
         return core().decoder_layer(
-            x, norm, norm, 1e-5, 1e-5, weights, biases, cos, cos, 16, 4, 2, kb, kb, offset,
-            False, 0.25,
+            x, norm, norm, 1e-5, 1e-5, weights, biases, cos, cos, 16, 4, 2, [kb], [kb], [2],
+            [offset], [False], 0.25,
         )  # fmt: skip
 
     mx.eval(call())

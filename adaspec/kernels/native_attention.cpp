@@ -728,19 +728,21 @@ void swiglu(const float* g, const float* u, size_t n, float* y) {
 }
 
 // A llama / qwen2 decoder layer (mlx-lm's TransformerBlock with its Attention and MLP) over
-// the rows of x [1, M, H], in one node, with the bits of its graph of mlx ops and adaspec's
-// twins: input RMSNorm; q, k, v projections; RoPE, the KV cache write and attention
-// (AttentionCache's work); o projection; residual sum; post-attention RMSNorm; gate and up
+// the rows of x [1, M, H] of one or several sequences, in one node, each sequence's rows with
+// the bits of its own forward's graph of mlx ops and adaspec's twins: input RMSNorm; q, k, v
+// projections; RoPE, the KV cache writes and attention (AttentionCache's work: sequence i's
+// rows against its own cache); o projection; residual sum; post-attention RMSNorm; gate and up
 // projections; swiglu; down projection; residual sum. Inputs: x, the two norms' weights, the
 // seven projections' weights (q, k, v, o, gate, up, down), each followed by its bias where it
-// has one, cos and sin [M, dims / 2], then the cache's key and value buffers. Outputs: the
-// layer's output [1, M, H], then the new key and value buffers.
+// has one, cos and sin [M, dims / 2] (each row's angles), then every sequence's key and value
+// buffers. Outputs: the layer's output [1, M, H], then every sequence's new buffers.
 class DecoderLayer : public Primitive {
  public:
-  DecoderLayer(Stream s, std::vector<bool> bias, float eps1, float eps2, float scale, int offset,
-               bool fold, Rope rope)
-      : Primitive(s), bias_(bias), eps1_(eps1), eps2_(eps2), scale_(scale), offset_(offset),
-        fold_(fold), rope_(rope) {}
+  DecoderLayer(Stream s, std::vector<bool> bias, float eps1, float eps2, float scale,
+               std::vector<int> first, std::vector<int> rows, std::vector<int> offsets,
+               std::vector<bool> fold, Rope rope)
+      : Primitive(s), bias_(bias), eps1_(eps1), eps2_(eps2), scale_(scale), first_(first),
+        rows_(rows), offsets_(offsets), fold_(fold), rope_(rope) {}
 
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
     for (auto& a : in)
@@ -760,7 +762,7 @@ class DecoderLayer : public Primitive {
       p.push_back({w.data<float>(), b, static_cast<int>(w.shape(0)),
                    static_cast<int>(w.shape(1))});
     }
-    CacheJob job{{0}, {m}, {offset_}, {fold_}, scale_, rope_};
+    CacheJob job{first_, rows_, offsets_, fold_, scale_, rope_};
     job.hq = rope_.hq, job.hk = rope_.hk, job.m = m;
     job.cs = in[at].data<float>();
     job.sn = in[at + 1].data<float>();
@@ -804,15 +806,16 @@ class DecoderLayer : public Primitive {
   bool is_equivalent(const Primitive& other) const override {
     auto& o = static_cast<const DecoderLayer&>(other);
     return bias_ == o.bias_ && eps1_ == o.eps1_ && eps2_ == o.eps2_ && scale_ == o.scale_ &&
-           offset_ == o.offset_ && fold_ == o.fold_ && rope_.dims == o.rope_.dims &&
-           rope_.hq == o.rope_.hq && rope_.hk == o.rope_.hk;
+           first_ == o.first_ && rows_ == o.rows_ && offsets_ == o.offsets_ &&
+           fold_ == o.fold_ && rope_.dims == o.rope_.dims && rope_.hq == o.rope_.hq &&
+           rope_.hk == o.rope_.hk;
   }
 
  private:
   std::vector<bool> bias_;
   float eps1_, eps2_, scale_;
-  int offset_;
-  bool fold_;
+  std::vector<int> first_, rows_, offsets_;
+  std::vector<bool> fold_;
   Rope rope_;
 };
 
@@ -821,8 +824,10 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
                                  const std::vector<array>& weights,
                                  const std::vector<std::optional<array>>& biases,
                                  const array& cos, const array& sin, int dims, int n_heads,
-                                 int n_kv_heads, const array& kbuf, const array& vbuf,
-                                 int offset, bool fold, float scale, StreamOrDevice s) {
+                                 int n_kv_heads, const std::vector<array>& kbufs,
+                                 const std::vector<array>& vbufs, const std::vector<int>& rows,
+                                 const std::vector<int>& offsets, const std::vector<bool>& fold,
+                                 float scale, StreamOrDevice s) {
   auto bad = [](const char* what) {
     return std::invalid_argument(std::string("decoder_layer: accepted: ") + what);
   };
@@ -835,9 +840,9 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
   for (auto* a : {&norm1, &norm2})
     if (a->ndim() != 1 || a->dtype() != float32 || a->shape(0) != hidden)
       throw bad("fp32 norm weights [H]");
-  if (kbuf.ndim() != 4 || vbuf.ndim() != 4)
+  if (kbufs.empty() || vbufs.empty() || kbufs[0].ndim() != 4 || vbufs[0].ndim() != 4)
     throw bad("key and value buffers [1, Hk, cap, D]");
-  int d = static_cast<int>(kbuf.shape(3)), dv = static_cast<int>(vbuf.shape(3));
+  int d = static_cast<int>(kbufs[0].shape(3)), dv = static_cast<int>(vbufs[0].shape(3));
   int inter = weights[4].ndim() == 2 ? static_cast<int>(weights[4].shape(0)) : -1;
   // each projection's [N, K]
   std::vector<std::pair<int, int>> want{{n_heads * d, hidden},  {n_kv_heads * d, hidden},
@@ -867,13 +872,13 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
   inputs.push_back(cos);
   inputs.push_back(sin);
   std::vector<Shape> shapes{x.shape()};
-  cache_inputs("decoder_layer", inputs, shapes, m, n_kv_heads, d, dv, {kbuf}, {vbuf}, {m},
-               {offset}, {fold});
+  auto first = cache_inputs("decoder_layer", inputs, shapes, m, n_kv_heads, d, dv, kbufs, vbufs,
+                            rows, offsets, fold);
   auto node = std::make_shared<DecoderLayer>(to_stream(s), has, static_cast<float>(eps1),
-                                             static_cast<float>(eps2), scale, offset, fold,
-                                             Rope{dims, n_heads, n_kv_heads});
-  return array::make_arrays(std::move(shapes), {float32, float32, float32}, node,
-                            std::move(inputs));
+                                             static_cast<float>(eps2), scale, first, rows,
+                                             offsets, fold, Rope{dims, n_heads, n_kv_heads});
+  std::vector<Dtype> dtypes(shapes.size(), float32);
+  return array::make_arrays(std::move(shapes), dtypes, node, std::move(inputs));
 }
 
 // An embedding table at its stored bits (kernels/stored.py): the rows of the token ids, widened
@@ -958,8 +963,8 @@ NB_MODULE(_adaspec_native, m) {
   m.def("decoder_layer", &decoder_layer, nb::arg("x"), nb::arg("norm1"), nb::arg("norm2"),
         nb::arg("eps1"), nb::arg("eps2"), nb::arg("weights"), nb::arg("biases"), nb::arg("cos"),
         nb::arg("sin"), nb::arg("dims"), nb::arg("n_heads"), nb::arg("n_kv_heads"),
-        nb::arg("key_buffer"), nb::arg("value_buffer"), nb::arg("offset"), nb::arg("fold"),
-        nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
+        nb::arg("key_buffers"), nb::arg("value_buffers"), nb::arg("rows"), nb::arg("offsets"),
+        nb::arg("fold"), nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
   m.def("attention_rows", &attention_rows, nb::arg("q"), nb::arg("keys"), nb::arg("values"),
         nb::arg("rows"), nb::arg("fold"), nb::arg("scale"), nb::kw_only(),
         nb::arg("stream") = nb::none());

@@ -148,19 +148,40 @@ def _block_parts(block: Any) -> bool:
     )
 
 
+def layer_fits(block: Any) -> bool:
+    """Whether `layer_rows` may run `block` (given fp32 rows and caches with room): a llama or
+    qwen2 block of the twins it stands for, and the native extension built."""
+    return _block_parts(block) and native.get() is not None
+
+
 def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
     """A llama / qwen2 decoder layer (`block`, an mlx-lm TransformerBlock) over x's rows in one
     native node (`decoder_layer`: the norms, projections, RoPE, cache write, attention, swiglu
     and residual sums, each with the bits of the graph it stands for); the cache is left as its
     update_and_fetch leaves it. None where that does not apply (nothing is changed then)."""
     rows = x.shape[1] if x.ndim == 3 else 0
+    if not (mask is None or (isinstance(mask, str) and mask == "causal")) or rows == 0:
+        return None
+    rope = getattr(block.get("self_attn"), "rope", None)
+    if type(rope) is not ExactRope or not _room(cache, rows):
+        return None
+    cos, sin = rope._cos_sin(cache.offset, rows)
+    return layer_rows(block, x, [cache], [rows], cos, sin)
+
+
+def layer_rows(
+    block: Any, x: mx.array, caches: list[Any], rows: list[int], cos: mx.array, sin: mx.array
+) -> mx.array | None:
+    """`block` over x's rows [1, M, hidden], the rows[i] rows of sequence i (in order) against
+    caches[i], each at its own positions (cos and sin [M, dims / 2]: every row's angles), in one
+    native node; the caches left as their update_and_fetch leaves them. None where that does
+    not apply (nothing is changed then)."""
     if (
         x.ndim != 3
         or x.shape[0] != 1
         or x.dtype != mx.float32
-        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
-        or not 0 < rows <= RMS_MAX_ROWS
-        or not _room(cache, rows)
+        or not 0 < x.shape[1] <= RMS_MAX_ROWS
+        or not all(_room(c, n) for c, n in zip(caches, rows))
         or not _block_parts(block)
     ):
         return None
@@ -168,17 +189,20 @@ def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | N
     if core is None:
         return None
     attn = block.self_attn
-    rep, dim = attn.n_heads // attn.n_kv_heads, cache.keys.shape[-1]
-    fold = rep > 1 and attention.folds(rep * rows, cache.offset + rows, dim)
-    cos, sin = attn.rope._cos_sin(cache.offset, rows)
+    rep, dim = attn.n_heads // attn.n_kv_heads, caches[0].keys.shape[-1]
+    offsets = [c.offset for c in caches]
+    fold = [rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)]
     projs = [block[a][p] for a, p in PROJECTIONS]
     n1, n2 = block.input_layernorm, block.post_attention_layernorm
-    out, cache.keys, cache.values = core.decoder_layer(
+    out, *buffers = core.decoder_layer(
         x, n1.weight, n2.weight, n1.eps, n2.eps, [p["weight"] for p in projs],
         [p.get("bias") for p in projs], cos, sin, attn.rope.dims, attn.n_heads,
-        attn.n_kv_heads, cache.keys, cache.values, cache.offset, fold, attn.scale,
+        attn.n_kv_heads, [c.keys for c in caches], [c.values for c in caches], rows, offsets,
+        fold, attn.scale,
     )  # fmt: skip
-    cache.offset += rows
+    for i, c in enumerate(caches):
+        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
+        c.offset += rows[i]
     return out
 
 

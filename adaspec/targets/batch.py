@@ -3,9 +3,11 @@
 The rows of every sequence are laid side by side as one sequence of M rows: embeddings,
 norms, the q/k/v/o projections, the MLP and the head run once over all M rows (the costly
 part: it streams the weights), while attention runs per sequence, on its own rows against its
-own cache, exactly as a forward of that sequence alone would: with the layer twins on the
-routed kernel through batch_attention.py (per-row work once for all rows, per sequence only
-its cache update and attention core), else through mlx-lm's attention module per sequence.
+own cache, exactly as a forward of that sequence alone would: where the native extension runs
+a llama / qwen2 layer, the whole layer in one node for all sequences
+(kernels/native_layers.layer_rows); else with the layer twins on the routed kernel through
+batch_attention.py (per-row work once for all rows, per sequence only its cache update and
+attention core), else through mlx-lm's attention module per sequence.
 With the routed small-M kernel a GEMM row's result is the same for every M up to its row
 limit, so each sequence's logits equal its solo forward's bit for bit while M stays within
 `MAX_ROWS`.
@@ -20,6 +22,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import TargetError
+from ..kernels import native_layers
 from . import batch_attention
 from .base import Forward, layer_list, layer_output, model_type, spying
 from .kv import KVTarget
@@ -111,6 +114,34 @@ class _SharedAttention:
         return out
 
 
+class _SharedLayer:
+    """One decoder layer over the rows of several sequences as one native node
+    (native_layers.layer_rows: each sequence's rows against its own cache, with the bits of its
+    solo forward); where that does not apply to a call, the block with its attention shared
+    (_SharedAttention). Its output is handed to mlx's stream at once, as _SharedAttention's."""
+
+    def __init__(self, block: Any, caches: list[Any], plan: batch_attention.RowPlan):
+        self.block, self.caches, self.plan = block, caches, plan
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        p = self.plan
+        rows = [n for _, n in p.spans]
+        out = native_layers.layer_rows(self.block, x, self.caches, rows, p.cos, p.sin)
+        if out is None:
+            attn = self.block["self_attn"]
+            self.block["self_attn"] = _SharedAttention(attn, self.caches, p)
+            try:
+                out = self.block(x, mask, cache)
+            finally:
+                self.block["self_attn"] = attn
+        if EVAL_EACH_LAYER:
+            mx.async_eval(out)
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.block, name)
+
+
 def shared_unsupported(model: Any, targets: Sequence[KVTarget]) -> str:
     """Why a batched forward over `targets` runs attention through mlx-lm's module per
     sequence rather than batch_attention's shared path ("" when it takes the shared path)."""
@@ -128,20 +159,24 @@ def shared_unsupported(model: Any, targets: Sequence[KVTarget]) -> str:
 @contextmanager
 def _split(model: Any, targets: Sequence[KVTarget], spans: list[tuple[int, int]]) -> Iterator:
     layers = layer_list(model)
+    blocks = list(layers)
     slots = [(layer, "self_attn") for layer in layers]
     originals = [layer["self_attn"] for layer in layers]
     plan = None
     if not shared_unsupported(model, targets):
         plan = batch_attention.plan(originals[0], spans, [t.cache[0].offset for t in targets])
     try:
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(blocks):
             caches = [t.cache[i] for t in targets]
             if plan is None:
                 layer["self_attn"] = _SplitAttention(originals[i], caches, spans)
+            elif native_layers.layer_fits(layer):  # the whole layer in one node
+                layers[i] = _SharedLayer(layer, caches, plan)
             else:
                 layer["self_attn"] = _SharedAttention(originals[i], caches, plan)
         yield
     finally:
+        layers[:] = blocks
         for (c, k), o in zip(slots, originals):
             c[k] = o
 
