@@ -67,16 +67,38 @@ def _room(cache: Any, rows: int) -> bool:
     )
 
 
-def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
-    """The attention block in two native nodes and o_proj, or None where that does not apply"""
-    if not (mask is None or (isinstance(mask, str) and mask == "causal")):
+def _solo(attn: Any, x: mx.array, mask: Any, cache: Any) -> tuple[mx.array, mx.array] | None:
+    """For one sequence's call (x [1, rows, hidden], no mask or the causal one, a plain
+    KVCache with room, `attn` with an ExactRoPE): its rows' angles (cos, sin); else None"""
+    if x.ndim != 3 or not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return None
-    rows = x.shape[1] if x.ndim == 3 else 0
+    rows = x.shape[1]
     rope = getattr(attn, "rope", None)
     if type(rope) is not ExactRope or rope.traditional or not _room(cache, rows):
         return None
-    cos, sin = rope._cos_sin(cache.offset, rows)
-    return attend_rows(attn, x, [cache], [rows], cos, sin)
+    return rope._cos_sin(cache.offset, rows)
+
+
+def _folds(attn: Any, caches: list[Any], rows: list[int]) -> tuple[list[int], list[bool]]:
+    """The caches' offsets, and whether each sequence's attention folds its query heads"""
+    rep, dim = attn.n_heads // attn.n_kv_heads, caches[0].keys.shape[-1]
+    offsets = [c.offset for c in caches]
+    return offsets, [
+        rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)
+    ]
+
+
+def _advance(caches: list[Any], buffers: list[mx.array], rows: list[int]) -> None:
+    """Each cache as its update_and_fetch leaves it: the node's new buffers, rows more"""
+    for i, c in enumerate(caches):
+        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
+        c.offset += rows[i]
+
+
+def _attend(attn: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
+    """The attention block in two native nodes and o_proj, or None where that does not apply"""
+    angles = _solo(attn, x, mask, cache)
+    return None if angles is None else attend_rows(attn, x, [cache], [x.shape[1]], *angles)
 
 
 def attend_rows(
@@ -107,17 +129,12 @@ def attend_rows(
     if "q_norm" in attn:  # qwen3: per-head norms before RoPE, as its source applies them
         q = attn.q_norm(q.reshape(1, m, attn.n_heads, -1))
         k = attn.k_norm(k.reshape(1, m, attn.n_kv_heads, -1))
-    rep = attn.n_heads // attn.n_kv_heads
-    dim = caches[0].keys.shape[-1]
-    offsets = [c.offset for c in caches]
-    fold = [rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)]
+    offsets, fold = _folds(attn, caches, rows)
     out, *buffers = core.rope_attention_cache(
         q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads,
         [c.keys for c in caches], [c.values for c in caches], rows, offsets, fold, attn.scale,
     )  # fmt: skip
-    for i, c in enumerate(caches):
-        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
-        c.offset += rows[i]
+    _advance(caches, buffers, rows)
     return attn.o_proj(out)
 
 
@@ -159,14 +176,8 @@ def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | N
     native node (`decoder_layer`: the norms, projections, RoPE, cache write, attention, swiglu
     and residual sums, each with the bits of the graph it stands for); the cache is left as its
     update_and_fetch leaves it. None where that does not apply (nothing is changed then)."""
-    rows = x.shape[1] if x.ndim == 3 else 0
-    if not (mask is None or (isinstance(mask, str) and mask == "causal")) or rows == 0:
-        return None
-    rope = getattr(block.get("self_attn"), "rope", None)
-    if type(rope) is not ExactRope or not _room(cache, rows):
-        return None
-    cos, sin = rope._cos_sin(cache.offset, rows)
-    return layer_rows(block, x, [cache], [rows], cos, sin)
+    angles = _solo(block.get("self_attn"), x, mask, cache)
+    return None if angles is None else layer_rows(block, x, [cache], [x.shape[1]], *angles)
 
 
 def layer_rows(
@@ -189,9 +200,7 @@ def layer_rows(
     if core is None:
         return None
     attn = block.self_attn
-    rep, dim = attn.n_heads // attn.n_kv_heads, caches[0].keys.shape[-1]
-    offsets = [c.offset for c in caches]
-    fold = [rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)]
+    offsets, fold = _folds(attn, caches, rows)
     projs = [block[a][p] for a, p in PROJECTIONS]
     n1, n2 = block.input_layernorm, block.post_attention_layernorm
     out, *buffers = core.decoder_layer(
@@ -200,9 +209,7 @@ def layer_rows(
         attn.n_kv_heads, [c.keys for c in caches], [c.values for c in caches], rows, offsets,
         fold, attn.scale,
     )  # fmt: skip
-    for i, c in enumerate(caches):
-        c.keys, c.values = buffers[2 * i], buffers[2 * i + 1]
-        c.offset += rows[i]
+    _advance(caches, buffers, rows)
     return out
 
 
