@@ -144,31 +144,31 @@ PROJECTIONS = (
 )  # fmt: skip
 
 
-def _block_parts(block: Any) -> bool:
-    """a llama / qwen2 TransformerBlock of mlx-lm's Attention (no q/k norms) and MLP, with
-    fp32 ExactRMSNorms, an ExactRoPE (not traditional) and plain fp32 projections"""
+def _block_parts(block: Any) -> list[Any] | None:
+    """The seven projections (PROJECTIONS' order) of a llama / qwen2 TransformerBlock of
+    mlx-lm's Attention (no q/k norms) and MLP, with fp32 ExactRMSNorms, an ExactRoPE (not
+    traditional) and plain fp32 projections; None for any other block"""
     attn, mlp = block.get("self_attn"), block.get("mlp")
-    kinds = [(sys.modules.get(m), m) for m in MODULES[:2]]
-    if not any(
-        mod is not None and isinstance(attn, mod.Attention) and isinstance(mlp, mod.MLP)
-        for mod, _ in kinds
-    ):
-        return False
-    norms = [block.get("input_layernorm"), block.get("post_attention_layernorm")]
+    mods = (sys.modules.get(m) for m in MODULES[:2])
+    if not any(m and isinstance(attn, m.Attention) and isinstance(mlp, m.MLP) for m in mods):
+        return None
+    norms = (block.get("input_layernorm"), block.get("post_attention_layernorm"))
     rope = getattr(attn, "rope", None)
-    return (
+    if not (
         all(type(n) is ExactRMSNorm and n.weight.dtype == mx.float32 for n in norms)
         and "q_norm" not in attn
         and type(rope) is ExactRope
         and not rope.traditional
-        and all(_plain(block[a][p]) for a, p in PROJECTIONS)
-    )
+    ):
+        return None
+    projs = [block[a][p] for a, p in PROJECTIONS]
+    return projs if all(_plain(p) for p in projs) else None
 
 
 def layer_fits(block: Any) -> bool:
     """Whether `layer_rows` may run `block` (given fp32 rows and caches with room): a llama or
     qwen2 block of the twins it stands for, and the native extension built."""
-    return _block_parts(block) and native.get() is not None
+    return _block_parts(block) is not None and native.get() is not None
 
 
 def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
@@ -193,15 +193,13 @@ def layer_rows(
         or x.dtype != mx.float32
         or not 0 < x.shape[1] <= RMS_MAX_ROWS
         or not all(_room(c, n) for c, n in zip(caches, rows))
-        or not _block_parts(block)
     ):
         return None
-    core = native.get()
-    if core is None:
+    projs, core = _block_parts(block), native.get()
+    if projs is None or core is None:
         return None
     attn = block.self_attn
     offsets, fold = _folds(attn, caches, rows)
-    projs = [block[a][p] for a, p in PROJECTIONS]
     n1, n2 = block.input_layernorm, block.post_attention_layernorm
     out, *buffers = core.decoder_layer(
         x, n1.weight, n2.weight, n1.eps, n2.eps, [p["weight"] for p in projs],
