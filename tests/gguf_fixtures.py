@@ -126,6 +126,10 @@ def gguf_name(hf: str) -> str:
     return f"{_GGUF_NAMES[module]}.{kind}"
 
 
+# Offsets of the f16 super-block scales (d, and dmin where present) in each K-quant block.
+K_F16_AT = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
 def random_k_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """Random raw K-quant rows with small, finite f16 scales (gguf-py cannot quantize K-types)."""
     import gguf
@@ -133,9 +137,7 @@ def random_k_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) 
     t = gguf.GGMLQuantizationType[qtype]
     block, size = gguf.GGML_QUANT_SIZES[t]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    # Offsets of the f16 super-block scales (d, and dmin where present) in each block.
-    f16_at = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
-    for off in f16_at[qtype]:
+    for off in K_F16_AT[qtype]:
         scale = rng.uniform(0.0005, 0.004, size=raw.shape[:2]).astype(np.float16)
         raw[:, :, off : off + 2] = scale.view(np.uint8).reshape(*raw.shape[:2], 2)
     return raw.reshape(rows, cols // block * size)

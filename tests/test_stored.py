@@ -13,13 +13,13 @@ import textwrap
 
 import numpy as np
 import pytest
-from gguf_fixtures import write_tiny_gguf
+from gguf_fixtures import K_F16_AT, write_tiny_gguf
 
 import adaspec  # noqa: F401  (the router before mlx)
 from adaspec.kernels import blas, stored
 
 pytestmark = pytest.mark.skipif(stored.router() is None, reason="needs the routed kernel")
-TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K", "F16", "BF16")
+TYPES = tuple(stored.TYPES)
 
 
 def converter(type_name: str, raw: np.ndarray, k: int) -> np.ndarray:
@@ -55,20 +55,19 @@ def blocks_of(type_name: str, rng: np.random.Generator) -> np.ndarray:
         d = np.repeat(every, 8)
         qs = np.tile(np.arange(256, dtype=np.uint8).reshape(8, 32), (65536, 1))
         raw = np.concatenate([half(d), qs], axis=1)
-    elif type_name in ("Q4_0", "Q4_1", "Q5_0"):  # 32 values per block: every 4- or 5-bit q
+    elif type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):  # 32 values: every 4- or 5-bit q
         q = np.arange(32) % 16
         qs = np.tile((q[:16] | q[16:] << 4).astype(np.uint8), (65536, 1))
         parts = [half(every)]
-        if type_name == "Q4_1":
+        if type_name in ("Q4_1", "Q5_1"):
             parts.append(half(rng.integers(0, 65536, 65536)))
-        if type_name == "Q5_0":
+        if type_name in ("Q5_0", "Q5_1"):
             parts.append(np.tile(np.array([0, 0, 255, 255], np.uint8), (65536, 1)))
         raw = np.concatenate([*parts, qs], axis=1)
     else:
         raw = rng.integers(0, 256, size=(4096, size), dtype=np.uint8)
-        raw[:, :2] = half(np.arange(4096) * 16 % 65536)  # d (Q4_K) spread over all exponents
-        if type_name == "Q6_K":
-            raw[:, 208:210] = half(np.arange(4096) * 16 % 65536)
+        for off in K_F16_AT[type_name]:  # d (and dmin) spread over all exponents
+            raw[:, off : off + 2] = half(np.arange(4096) * 16 % 65536)
     k = 256 if elems == 256 else 512
     return np.ascontiguousarray(raw).reshape(-1, k // elems * size)
 
@@ -133,7 +132,7 @@ def test_gemm_on_blocks_equals_the_fp32_kernel_on_the_expansion(type_name, isa):
     k = 768 if elems == 256 else 608  # not a multiple of the tiles' 64 floats
     n = 37  # not a multiple of a tile's rows, and split over two threads
     raw = rng.integers(0, 256, size=(n, k // elems * size), dtype=np.uint8)
-    for off in {"Q4_K": (0, 2), "Q6_K": (208,)}.get(type_name, (0, 2) if elems == 32 else ()):
+    for off in K_F16_AT.get(type_name, (0, 2) if elems == 32 else ()):
         raw.reshape(n, -1, size)[:, :, off : off + 2] = half(rng.integers(0x2000, 0x2C00, 1))
     if elems == 1:
         raw = half(rng.integers(0x3000, 0x3C00, n * k)).reshape(n, -1)
@@ -156,7 +155,9 @@ def tiny_models(tmp_path_factory):
     out = {}
     for arch, qtype, tied in (("llama", "Q4_1", True), ("qwen2", "Q4_K", False),
                               ("qwen2", "Q6_K", True), ("llama", "Q5_0", False),
-                              ("qwen3", "Q8_0", True), ("llama", "F16", True)):  # fmt: skip
+                              ("qwen3", "Q8_0", True), ("llama", "F16", True),
+                              ("llama", "Q5_1", True), ("qwen2", "Q2_K", False),
+                              ("llama", "Q3_K", True), ("qwen2", "Q5_K", True)):  # fmt: skip
         tiny = write_tiny_gguf(tmp / f"{arch}-{qtype}.gguf", arch, qtype, tied=tied)
         pair = []
         for mode in ("on", "off"):

@@ -48,15 +48,15 @@ static inline void put(float *c, float s, float alpha, float beta) {
 
 /* ---- stored types: GGML's type ids (a weight read at its stored bits, blocks.h) -------- */
 
-enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12,
-       T_Q6_K = 14, T_BF16 = 30 };
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
 
 /* elements and bytes per block of a stored type (0: not a stored type) */
 static int block_elems(int type) {
   switch (type) {
     case T_F16: case T_BF16: return 1;
-    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q8_0: return 32;
-    case T_Q4_K: case T_Q6_K: return 256;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
+    case T_Q2_K: case T_Q3_K: case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
   }
   return 0;
 }
@@ -66,8 +66,12 @@ static int block_bytes(int type) {
     case T_Q4_0: return 18;
     case T_Q4_1: return 20;
     case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
     case T_Q8_0: return 34;
+    case T_Q2_K: return 84;
+    case T_Q3_K: return 110;
     case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
     case T_Q6_K: return 210;
   }
   return 0;
@@ -104,6 +108,12 @@ static inline void q4_k_scale(const unsigned char *q, int s, int *sc, int *mn) {
   }
 }
 
+/* Q3_K: the signed 6-bit scale of sub-block s (0..15) from the 12 packed bytes q */
+static inline int q3_k_scale(const unsigned char *q, int s) {
+  int lo = (s < 8 ? q[s] : q[s - 8] >> 4) & 15, hi = (q[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
+  return (lo | hi << 4) - 32;
+}
+
 /* The reference: element i of a row, one scalar operation per numpy operation of the gguf
  * package's dequantization (what the converter writes); the vector loaders in blocks.h
  * compute the same values W at a time, and tests hold all three equal. */
@@ -133,6 +143,39 @@ static float stored_value(int type, const unsigned char *row, long i) {
       __builtin_memcpy(&qh, b + 2, 4);
       int q = ((o < 16 ? b[6 + o] : b[6 + o - 16] >> 4) & 15) | (int)((qh >> o) & 1) << 4;
       return f16(b) * (float)(q - 16);
+    }
+    case T_Q5_1: {
+      b = row + (i >> 5) * 24;
+      unsigned qh;
+      __builtin_memcpy(&qh, b + 4, 4);
+      int q = ((o < 16 ? b[8 + o] : b[8 + o - 16] >> 4) & 15) | (int)((qh >> o) & 1) << 4;
+      t = f16(b) * (float)q;
+      return t + f16(b + 2);
+    }
+    case T_Q2_K: {
+      b = row + (i >> 8) * 84;
+      int r = (int)(i & 255), s = r >> 4;
+      float dl = f16(b + 80) * (float)(b[s] & 15), ml = f16(b + 82) * (float)(b[s] >> 4);
+      t = dl * (float)((b[16 + (r >> 7) * 32 + (r & 31)] >> (2 * ((r >> 5) & 3))) & 3);
+      return t - ml;
+    }
+    case T_Q3_K: {
+      b = row + (i >> 8) * 110;
+      int r = (int)(i & 255);
+      float dl = f16(b + 108) * (float)q3_k_scale(b + 96, r >> 4);
+      int ql = (b[32 + (r >> 7) * 32 + (r & 31)] >> (2 * ((r >> 5) & 3))) & 3;
+      int hb = (b[r & 31] >> (r >> 5)) & 1;
+      return dl * (float)(ql - 4 * (hb ^ 1));
+    }
+    case T_Q5_K: {
+      b = row + (i >> 8) * 176;
+      int r = (int)(i & 255), s = r >> 5;
+      q4_k_scale(b + 4, s, &sc, &mn);
+      float d = f16(b) * (float)sc, dm = f16(b + 2) * (float)mn;
+      int ql = (b[48 + (r >> 6) * 32 + (r & 31)] >> (4 * (s & 1))) & 15;
+      int hb = (b[16 + (r & 31)] >> s) & 1;
+      t = d * (float)(ql | hb << 4);
+      return t - dm;
     }
     case T_Q4_K: {
       b = row + (i >> 8) * 144;

@@ -1,4 +1,4 @@
-/* Weights read at their stored bits: GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K) and
+/* Weights read at their stored bits: GGUF blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K) and
  * 2-byte floats (F16, BF16), widened in registers to exactly the fp32 values of their
  * expansion. Included by blas_route.c once per instruction set, after small_m.h's fp32 kernel
  * (whose vector macros W, VEC, ... are still defined); QFN names this set's functions.
@@ -48,8 +48,8 @@ typedef struct {
 
 /* Q4_K: d * the 8 6-bit scales and dmin * the 8 6-bit mins of super-block e / 256 (the
  * packing of q4_k_scale, four bytes at a time) */
-PREP(q4_k) {
-  const unsigned char *b = row + (long)(e >> 8) * 144;
+static inline __attribute__((always_inline)) void QFN(k4_scales)(const unsigned char *b,
+                                                                  QFN(scales_t) *sc) {
   unsigned u[3];
   __builtin_memcpy(u, b + 4, 12);
   unsigned lo_sc = u[0] & 0x3f3f3f3fu, lo_mn = u[1] & 0x3f3f3f3fu;
@@ -62,6 +62,30 @@ PREP(q4_k) {
   __m256 fmn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long)mns)));
   _mm256_storeu_ps(sc->mul, _mm256_mul_ps(d, fsc));
   _mm256_storeu_ps(sc->sub, _mm256_mul_ps(dmin, fmn));
+}
+PREP(q4_k) { QFN(k4_scales)(row + (long)(e >> 8) * 144, sc); }
+/* Q5_K: the same packing of scales and mins, from byte 4 of its 176-byte super-block */
+PREP(q5_k) { QFN(k4_scales)(row + (long)(e >> 8) * 176, sc); }
+
+/* Q2_K: d * the low and dmin * the high nibble of each of the 16 scale bytes */
+PREP(q2_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 84;
+  __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[80] | b[81] << 8)));
+  __m256 dmin = _mm256_set1_ps(_cvtsh_ss((unsigned short)(b[82] | b[83] << 8)));
+  for (int h = 0; h < 2; h++) {
+    __m256i s8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8 * h)));
+    __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(s8, _mm256_set1_epi32(15)));
+    __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(s8, 4));
+    _mm256_storeu_ps(sc->mul + 8 * h, _mm256_mul_ps(d, lo));
+    _mm256_storeu_ps(sc->sub + 8 * h, _mm256_mul_ps(dmin, hi));
+  }
+}
+
+/* Q3_K: d * the 16 signed 6-bit scales (q3_k_scale) */
+PREP(q3_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 110;
+  float d = _cvtsh_ss((unsigned short)(b[108] | b[109] << 8));
+  for (int i = 0; i < 16; i++) sc->mul[i] = d * (float)q3_k_scale(b + 96, i);
 }
 
 /* Q6_K: d * the 16 signed 8-bit scales of super-block e / 256 */
@@ -77,6 +101,7 @@ NO_PREP(q8_0)
 NO_PREP(q4_0)
 NO_PREP(q4_1)
 NO_PREP(q5_0)
+NO_PREP(q5_1)
 NO_PREP(f16)
 NO_PREP(bf16)
 
@@ -186,6 +211,61 @@ DECODER(q5_0) {
   }
 }
 
+DECODER(q5_1) {
+  const unsigned char *b = row + (long)(e >> 5) * 24;
+  VEC d = QFN(half)(b), m = QFN(half)(b + 2);
+  unsigned qh;
+  __builtin_memcpy(&qh, b + 4, 4);
+  VI bits = VSET1_I((int)qh);
+  for (int v = 0; v < NV; v++) {
+    VI hi = VAND(VSRLV(bits, VADD_I(VLANES(), v * W)), 1);
+    VEC t = VMUL(VCVT(VOR(QFN(nibble)(b + 8, v), VSLL(hi, 4))), d);
+    ROUNDED(t);
+    out[v] = VADD(t, m);
+  }
+}
+
+/* The 2-bit fields of the K-quants: element r of a super-block (r a multiple of 32 here) is
+ * bits 2 * (r / 32 % 4) of byte r / 128 * 32 + r % 32 */
+static inline VI QFN(crumbs)(const unsigned char *qs, int r, int v) {
+  return VAND(VSRL(VLOAD_U8(qs + (r >> 7) * 32 + v * W), 2 * ((r >> 5) & 3)), 3);
+}
+
+DECODER(q2_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 84;
+  int r = e & 255;
+  for (int v = 0; v < NV; v++) {
+    int s = (r + v * W) >> 4;
+    VEC t = VMUL(VCVT(QFN(crumbs)(b + 16, r, v)), VSET1(sc->mul[s]));
+    ROUNDED(t);
+    out[v] = VSUB(t, VSET1(sc->sub[s]));
+  }
+}
+
+DECODER(q3_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 110;
+  int r = e & 255;
+  for (int v = 0; v < NV; v++) {
+    VI hb = VAND(VSRL(VLOAD_U8(b + v * W), r >> 5), 1); /* hmask bit r / 32 */
+    VI q = VSUB_I(VOR(QFN(crumbs)(b + 32, r, v), VSLL(hb, 2)), 4);
+    out[v] = VMUL(VCVT(q), VSET1(sc->mul[(r + v * W) >> 4]));
+  }
+}
+
+DECODER(q5_k) {
+  const unsigned char *b = row + (long)(e >> 8) * 176;
+  int r = e & 255, s = r >> 5;
+  VEC ds = VSET1(sc->mul[s]), dm = VSET1(sc->sub[s]);
+  for (int v = 0; v < NV; v++) {
+    VI ql = VLOAD_U8(b + 48 + (r >> 6) * 32 + v * W);
+    ql = s & 1 ? VSRL(ql, 4) : VAND(ql, 15);
+    VI hb = VAND(VSRL(VLOAD_U8(b + 16 + v * W), s), 1);
+    VEC t = VMUL(VCVT(VOR(ql, VSLL(hb, 4))), ds);
+    ROUNDED(t);
+    out[v] = VSUB(t, dm);
+  }
+}
+
 #if W == 16
 /* 32 values at once in bytes: 6-bit q = low or high nibble | 2 bits of qh << 4, minus 32,
  * sign-extended to two vectors of 16 (a scale each) */
@@ -237,6 +317,10 @@ DECODER(bf16) {
 #define IF_DEC64_q4_1(own, two) two
 #define IF_DEC64_q5_0(own, two) two
 #define IF_DEC64_q6_k(own, two) two
+#define IF_DEC64_q5_1(own, two) two
+#define IF_DEC64_q2_k(own, two) two
+#define IF_DEC64_q3_k(own, two) two
+#define IF_DEC64_q5_k(own, two) two
 #define IF_DEC64_f16(own, two) two
 #define IF_DEC64_bf16(own, two) two
 #define DEC64(name)                                                                         \
@@ -327,12 +411,17 @@ STORED_TYPE(q4_1)
 STORED_TYPE(q5_0)
 STORED_TYPE(q4_k)
 STORED_TYPE(q6_k)
+STORED_TYPE(q5_1)
+STORED_TYPE(q2_k)
+STORED_TYPE(q3_k)
+STORED_TYPE(q5_k)
 STORED_TYPE(f16)
 STORED_TYPE(bf16)
 
 #define EACH_TYPE(X)                                                                        \
-  X(T_Q8_0, q8_0) X(T_Q4_0, q4_0) X(T_Q4_1, q4_1) X(T_Q5_0, q5_0) X(T_Q4_K, q4_k)            \
-  X(T_Q6_K, q6_k) X(T_F16, f16) X(T_BF16, bf16)
+  X(T_Q8_0, q8_0) X(T_Q4_0, q4_0) X(T_Q4_1, q4_1) X(T_Q5_0, q5_0) X(T_Q5_1, q5_1)            \
+  X(T_Q2_K, q2_k) X(T_Q3_K, q3_k) X(T_Q4_K, q4_k) X(T_Q5_K, q5_k) X(T_Q6_K, q6_k) X(T_F16, f16) \
+  X(T_BF16, bf16)
 
 /* the fp32 values of elements [0, K) of a row of `type` */
 static void QFN(dequant_row)(int type, const unsigned char *row, float *out, int K) {
@@ -388,6 +477,10 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
 #undef IF_DEC64_q5_0
 #undef IF_DEC64_q4_k
 #undef IF_DEC64_q6_k
+#undef IF_DEC64_q5_1
+#undef IF_DEC64_q2_k
+#undef IF_DEC64_q3_k
+#undef IF_DEC64_q5_k
 #undef IF_DEC64_f16
 #undef IF_DEC64_bf16
 #undef DEC64
