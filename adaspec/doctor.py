@@ -117,6 +117,7 @@ def forward_times(
     ms = {f"forward_{n}_ms": t for n, t in times.items()}
     verify = ms.get(f"forward_{VERIFY_TOKENS}_ms")  # absent when SIZES leaves it out
     ratio = verify / ms["forward_1_ms"] if verify is not None else None
+    by_type = roofline.by_type(step(1), repeats)  # 1-token steps, per stored weight type
     nbytes, elements = roofline.weight_traffic(model)
     gemm = {n: g * 1e3 for n, (_, g) in runs.items() if g is not None}
     per_size = roofline.rows(times, nbytes, elements, gemm or None)
@@ -130,6 +131,7 @@ def forward_times(
         "weight_bytes": nbytes,
         "fp32_weight_bytes": 4 * elements,
         "per_size": per_size,
+        "by_type": by_type,
     }
 
 
@@ -261,6 +263,22 @@ def _gemm_columns(row: dict[str, Any]) -> str:
     return f" {row['gemm_ms']:8.1f} {row['ms'] - row['gemm_ms']:9.1f}"
 
 
+def _type_lines(by_type: list[dict[str, Any]], read_gbs: float) -> list[str]:
+    """Per stored weight type, a 1-token step's GEMMs on it against streaming its bytes once"""
+    out = []
+    for r in by_type:
+        floor = f", {r['ms'] / (r['mb'] / read_gbs):.2f}x the floor" if read_gbs > 0 else ""
+        out.append(
+            f"  {r['type']:<5} {r['mb']:7.0f} MB in {r['ms']:6.2f} ms per 1-token step: "
+            f"{r['gbs']:5.1f} GB/s{floor}"
+        )
+    return (
+        ["stored types  GEMMs of a 1-token step on each weight type (the kernel's clock)"] + out
+        if out
+        else []
+    )
+
+
 def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
     """The report's lines for the model: its weights, forward times and roofline."""
     lines = [
@@ -283,6 +301,7 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
         for r in m["per_size"]
     ]
     lines += _outside_gemms(m)
+    lines += _type_lines(m.get("by_type") or [], lim.get("read_gbs", 0))
     if lim.get("read_gbs", 0) > 0:
         stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6
         lines.append(

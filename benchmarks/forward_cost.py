@@ -78,6 +78,12 @@ def main() -> None:
             f"{r['weights_gbs']:.1f} | {split} |"
         )
     print(f"1-token step / streaming the weights once: {times['forward_1_ms'] / stream_ms:.2f}x")
+    if times["by_type"]:
+        print("| stored type | MB per step | GEMM ms per 1-token step | GB/s | x the floor |")
+        print("|---|---|---|---|---|")
+    for r in times["by_type"]:
+        floor = r["ms"] / (r["mb"] / limits.read_gbs)
+        print(f"| {r['type']} | {r['mb']:.0f} | {r['ms']:.2f} | {r['gbs']:.1f} | {floor:.2f} |")
     if a.json:
         out = {
             "date": date.today().isoformat(),

@@ -261,3 +261,23 @@ def test_bf16_and_fp16_checkpoints_are_read_at_their_stored_bits(half):
     ids = list(range(3, 80))
     for rows in (1, 4, 16, 32):
         assert same_bits(*last_logits((on, off), ids, rows)), rows
+
+
+def test_the_per_type_report_counts_every_stored_byte_a_step_reads(tiny_models):
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from adaspec.kernels import roofline
+
+    model = tiny_models[("qwen2", "Q4_K")][0]  # an untied head: the embedding is only gathered
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array([[5, 6, 7]]), cache=cache))
+
+    def step() -> None:
+        mx.eval(model(mx.array([[8]]), cache=cache))
+
+    rows = roofline.by_type(step, repeats=3, read_gbs=10.0)
+    assert [r["type"] for r in rows] == ["Q4_K"]
+    nbytes, _ = roofline.weight_traffic(model)
+    assert round(rows[0]["mb"] * 1e6) == nbytes
+    assert rows[0]["ms"] > 0 and rows[0]["floor_ratio"] == rows[0]["ms"] / (rows[0]["mb"] / 10.0)

@@ -665,6 +665,8 @@ typedef struct {
 static standin_t standins[SLOTS];
 static atomic_int n_standins;
 static atomic_ulong shadow_calls, stored_calls[2]; /* stored: by the kernel, by the library */
+/* per type id of a stand-in, the kernel's GEMMs on it: calls, nanoseconds, bytes of B read */
+static atomic_ulong by_type[32][3];
 static pthread_mutex_t standin_mu = PTHREAD_MUTEX_INITIALIZER;
 #define GONE ((const float *)1)
 
@@ -743,6 +745,11 @@ unsigned long adaspec_shadow_calls(void) { return atomic_load(&shadow_calls); }
 void adaspec_stored_calls(unsigned long *out) {
   out[0] = atomic_load(&stored_calls[0]);
   out[1] = atomic_load(&stored_calls[1]);
+}
+
+/* the kernel's GEMMs on stand-ins of GGML type id `type` so far: calls, ns, bytes read */
+void adaspec_stored_type_stats(int type, unsigned long *out) {
+  for (int i = 0; i < 3; i++) out[i] = atomic_load(&by_type[type & 31][i]);
 }
 
 /* the fp32 values of `rows` rows of k elements stored as `type`, row_bytes apart:
@@ -863,7 +870,12 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
   } else if (m <= own_rows && plain) {
     source_t src = s ? (source_t){s->type, s->data, s->row_bytes} : FP32;
     kernel(m, n, k, alpha, a, lda, b, src, ldb, beta, c, ldc);
-    if (s) atomic_fetch_add(s->exact ? &stored_calls[0] : &shadow_calls, 1);
+    if (s) {
+      atomic_fetch_add(s->exact ? &stored_calls[0] : &shadow_calls, 1);
+      atomic_fetch_add(&by_type[s->type & 31][0], 1);
+      atomic_fetch_add(&by_type[s->type & 31][1], now_ns() - t);
+      atomic_fetch_add(&by_type[s->type & 31][2], (unsigned long)n * s->row_bytes);
+    }
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
     rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -70,3 +70,27 @@ def rows(
         }
         for m, t in sorted(ms.items())
     ]
+
+
+def by_type(run: Any, repeats: int, read_gbs: float | None = None) -> list[dict[str, Any]]:
+    """Per weight type read at its stored bits, what `run` (one forward) spends in the
+    kernel's GEMMs on that type, over `repeats` runs: MB read per run, ms per run, GB/s, and
+    with `read_gbs` (the machine's read bandwidth) the ratio of that time to streaming the
+    same bytes once at it (1.0: the memory floor)."""
+    from .stored import type_stats
+
+    before = type_stats()
+    for _ in range(repeats):
+        run()
+    after = type_stats()
+    out = []
+    for name, (calls, secs, nbytes) in after.items():
+        calls -= before[name][0]
+        if calls <= 0:
+            continue
+        secs, nbytes = secs - before[name][1], nbytes - before[name][2]
+        ms, mb = secs * 1e3 / repeats, nbytes / 1e6 / repeats
+        row = {"type": name, "mb": mb, "ms": ms, "gbs": nbytes / secs / 1e9 if secs else 0.0}
+        row["floor_ratio"] = ms / (mb / read_gbs) if read_gbs else None
+        out.append(row)
+    return sorted(out, key=lambda r: -r["ms"])

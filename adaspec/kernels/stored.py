@@ -89,6 +89,20 @@ def values(type_name: str, raw: np.ndarray, k: int, *, vector: bool = True) -> n
     return out
 
 
+def type_stats() -> dict[str, tuple[int, float, int]]:
+    """Per stored type, the kernel's GEMMs on matrices of that type so far: (calls, seconds,
+    bytes of the matrices read); empty without the router."""
+    lib = router()
+    if lib is None:
+        return {}
+    out = (ctypes.c_ulong * 3)()
+    stats = {}
+    for name, (code, _, _) in TYPES.items():
+        lib.adaspec_stored_type_stats(ctypes.c_int(code), out)
+        stats[name] = (int(out[0]), out[1] / 1e9, int(out[2]))
+    return stats
+
+
 @dataclass
 class Stored:
     """One matrix at its stored bits: `bytes_` (mlx memory) and `weight`, the (n, k) fp32
