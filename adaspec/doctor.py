@@ -169,11 +169,14 @@ def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, A
     time to build or load it, and the median time of a draft over its own sequences."""
     from .drafters.base import DraftContext
     from .drafters.plan import make
+    from .drafters.suffix import SuffixDrafter
     from .targets.base import target_info
 
     t = time.perf_counter()
     drafter = make("suffix:context=false", target_info(model, tokenizer), settings)
     build_s = time.perf_counter() - t
+    if not isinstance(drafter, SuffixDrafter):
+        raise TypeError(f"'suffix' made {type(drafter).__name__}, not the suffix drafter")
     lib = drafter.lib
     times = []
     for index in lib.indexes():
@@ -249,8 +252,8 @@ def collect(
 def _outside_gemms(m: dict[str, Any]) -> list[str]:
     """ms outside the GEMMs per token row, per size, at each context timed"""
     out = []
-    for t in (m, m.get("long_context")):
-        rows = [r for r in (t or {}).get("per_size", []) if r.get("other_ms_per_row") is not None]
+    for t in [x for x in (m, m.get("long_context")) if x]:
+        rows = [r for r in t.get("per_size", []) if r.get("other_ms_per_row") is not None]
         if rows:
             cells = ", ".join(f"{r['tokens']}: {r['other_ms_per_row']:.2f}" for r in rows)
             out.append(f"outside GEMMs ms per token row at context {t['context']}: {cells}")

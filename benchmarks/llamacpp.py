@@ -9,11 +9,20 @@ Modes: llama (llama.cpp, greedy), llama-ngram-simple and llama-ngram-mod (llama.
 n-gram speculation at its default settings), mlx-lm (mlx-lm's AR on adaspec's model, the AR
 column of `adaspec bench`), adaspec-plain (`--drafter none`), adaspec-auto (the default drafter).
 
-llama.cpp is the `xllamacpp` wheel from PyPI (2026.10.x): llama-server's code built into the
-wheel, called in process (Server.handle_chat_completions, no HTTP in the timing). The x86_64
-wheel is a fixed AVX2 build, `get_system_info()`: SSE3 SSSE3 AVX AVX2 F16C FMA BMI2 LLAMAFILE
-OPENMP REPACK; no AVX-512 even on a CPU that has it (a source build with -march=native may be
-faster). The script prints it and saves it in the JSON. Flags, as llama-server spells them:
+`--server PATH` runs a llama-server binary instead (HTTP on 127.0.0.1, the same flags and
+request; the server is started once per mode, again before every ngram-mod run). Build one for
+this CPU from the sources vendored in PyPI's llama-cpp-python sdist (~10 min on 2 cores):
+
+    pip download --no-deps --no-binary :all: llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
+    cd llama_cpp_python-*/ && cmake -S vendor/llama.cpp -B build -G Ninja -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
+        && ninja -C build llama-server      # then --server $PWD/build/bin/llama-server
+
+Otherwise llama.cpp is the `xllamacpp` wheel from PyPI (2026.10.x): llama-server's code built
+into the wheel, called in process (Server.handle_chat_completions, no HTTP in the timing).
+The x86_64 wheel is a fixed AVX2 build, `get_system_info()`: SSE3 SSSE3 AVX AVX2 F16C FMA BMI2
+LLAMAFILE OPENMP REPACK; no AVX-512 even on a CPU that has it (`--server` runs a native build).
+The script prints it and saves it in the JSON. Flags, as llama-server spells them:
 `-m GGUF -t 2 -tb 2 -ngl 0 -np 1 -c 4096 --jinja --cache-ram 0` (the chat template stored in
 the GGUF, applied by llama.cpp to the messages adaspec's tokenizer gets), per request
 temperature 0, top_k 1, cache_prompt false; the n-gram modes add `--spec-type ngram-simple`
@@ -34,7 +43,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
 from dataclasses import dataclass, field
 
 LLAMA = ("llama", "llama-ngram-simple", "llama-ngram-mod")
@@ -84,14 +98,78 @@ class Llama:
             self.server = None  # the old one stops before the new one loads
             self.server = xl.Server(self.params)
         req = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 1}
-        r = self.server.handle_chat_completions({**req, "cache_prompt": False})
-        if "choices" not in r:
-            raise RuntimeError(f"llama.cpp answered {r!r}")
-        t, choice = r["timings"], r["choices"][0]
-        n = t["predicted_n"] - (choice["finish_reason"] == "stop")  # EOS is not output
-        rate = (n - 1) / t["predicted_ms"] * 1e3 if n > 1 and t["predicted_ms"] > 0 else 0.0
-        drafts = {k: t.get(k, 0) for k in ("draft_n", "draft_n_accepted")} if self.spec else {}
-        return Result(choice["message"]["content"], n, rate, t["prompt_n"], drafts)
+        return _result(
+            self.server.handle_chat_completions({**req, "cache_prompt": False}), self.spec
+        )
+
+
+class HttpLlama:
+    """A llama-server binary on a free local port; `fresh` restarts it before every run."""
+
+    def __init__(self, binary: str, args: list[str], spec: bool, fresh: bool) -> None:
+        self.cmd, self.spec, self.fresh = [binary, *args], spec, fresh
+        self.proc: subprocess.Popen | None = None
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
+        self.url = ""
+
+    def start(self) -> None:
+        self.stop()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [*self.cmd, "--host", "127.0.0.1", "--port", str(port)]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        for _ in range(600):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{' '.join(cmd)} exited: {self.system_info() or 'see its log'}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{' '.join(cmd)} did not answer /health in 60 s")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.proc = None
+
+    def system_info(self) -> str:
+        self.log.seek(0)
+        return next((ln.strip() for ln in self.log if "system_info" in ln), "")
+
+    def __call__(self, messages: list[dict], ids: list[int], max_tokens: int) -> Result:
+        if self.fresh or self.proc is None:
+            self.start()
+        req = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 1}
+        body = json.dumps({**req, "cache_prompt": False}).encode()
+        post = urllib.request.Request(
+            self.url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(post, timeout=600) as f:
+            r = json.load(f)
+        return _result(r, self.spec)
+
+
+def _result(r: dict, spec: bool) -> Result:
+    """A chat completion of llama-server's (wheel or binary) as a Result."""
+    if "choices" not in r:
+        raise RuntimeError(f"llama.cpp answered {r!r}")
+    t, choice = r["timings"], r["choices"][0]
+    n = t["predicted_n"] - (choice["finish_reason"] == "stop")  # EOS is not output
+    rate = (n - 1) / t["predicted_ms"] * 1e3 if n > 1 and t["predicted_ms"] > 0 else 0.0
+    drafts = {k: t.get(k, 0) for k in ("draft_n", "draft_n_accepted")} if spec else {}
+    return Result(choice["message"]["content"], n, rate, t["prompt_n"], drafts)
+
+
+def server_args(gguf: str, threads: int, n_ctx: int, spec: str | None) -> list[str]:
+    """llama-server's flags for the settings llama_params gives the wheel."""
+    args = ["-m", gguf, "-t", str(threads), "-tb", str(threads), "-ngl", "0", "-np", "1"]
+    args += ["-c", str(n_ctx), "--jinja", "--cache-ram", "0", "--temp", "0", "--top-k", "1"]
+    return args + (["--spec-type", spec.lower().replace("_", "-")] if spec else [])
 
 
 def adaspec_runners(model_name: str, modes: list[str]) -> tuple[dict, object]:
@@ -125,8 +203,6 @@ def adaspec_runners(model_name: str, modes: list[str]) -> tuple[dict, object]:
 
 
 def bench(args: argparse.Namespace) -> dict:
-    import xllamacpp as xl
-
     from adaspec.bench import load_suite
     from adaspec.cli.bench import select
     from adaspec.prompting import prompt_ids
@@ -140,8 +216,13 @@ def bench(args: argparse.Namespace) -> dict:
     suite = select(load_suite(args.suite), args.category, None, args.limit)
     runners, tok = adaspec_runners(args.model, modes)
     for m in set(modes).intersection(LLAMA):
-        p = llama_params(gguf, args.threads, args.ctx, SPEC.get(m), args.verbose)
-        runners[m] = Llama(p, spec=m in SPEC, fresh=m == "llama-ngram-mod")
+        fresh = m == "llama-ngram-mod"
+        if args.server:
+            a = server_args(gguf, args.threads, args.ctx, SPEC.get(m))
+            runners[m] = HttpLlama(args.server, a, spec=m in SPEC, fresh=fresh)
+        else:
+            p = llama_params(gguf, args.threads, args.ctx, SPEC.get(m), args.verbose)
+            runners[m] = Llama(p, spec=m in SPEC, fresh=fresh)
     runners = {m: runners[m] for m in modes}
     prompts = [(p, prompt_ids(tok, p.messages), args.max_tokens or p.max_tokens) for p in suite]
     for run in runners.values():  # warm-up
@@ -156,7 +237,16 @@ def bench(args: argparse.Namespace) -> dict:
         print(row(records[-1], modes), flush=True)
     config = {k: getattr(args, k) for k in ("model", "threads", "ctx", "repeats", "max_tokens")}
     config |= {"gguf": gguf, "suite": args.suite or "adaspec/bench/prompts.jsonl"}
-    config |= {"xllamacpp": xl.__version__, "llama_system_info": xl.get_system_info().strip()}
+    if args.server:
+        info = next((r.system_info() for r in runners.values() if isinstance(r, HttpLlama)), "")
+        config |= {"llama_server": args.server, "llama_system_info": info}
+        for r in runners.values():
+            if isinstance(r, HttpLlama):
+                r.stop()
+    else:
+        import xllamacpp as xl
+
+        config |= {"xllamacpp": xl.__version__, "llama_system_info": xl.get_system_info().strip()}
     config["stored_weights"] = get().stored_weights
     return {"config": config, "records": records, "summary": summary(records, modes)}
 
@@ -221,11 +311,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096, help="llama.cpp's context size")
     p.add_argument("--verbose", action="store_true", help="llama.cpp's own log on stderr")
+    p.add_argument("--server", default=None, help="a llama-server binary (else the wheel)")
     p.add_argument("--json", default=None, help="write config, records and summary here")
     a = p.parse_args()
     res = bench(a)
     s = res["summary"]
-    print(f"\nllama.cpp {res['config']['xllamacpp']}: {res['config']['llama_system_info']}")
+    build = res["config"].get("xllamacpp") or res["config"].get("llama_server")
+    print(f"\nllama.cpp {build}: {res['config']['llama_system_info']}")
     print(f"median decode tok/s over {s['prompts']} prompts:")
     for m, v in s["median_tok_s"].items():
         same, ok = s.get("same_text", {}).get(m, "-"), s["prompt_match"][m]

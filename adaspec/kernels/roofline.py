@@ -54,7 +54,7 @@ def weight_traffic(model: Any) -> tuple[int, int]:
 
 def rows(
     ms: dict[int, float], nbytes: int, elements: int, gemm_ms: dict[int, float] | None = None
-) -> list[dict[str, float | None]]:
+) -> list[dict[str, Any]]:
     """Per token-row count M: ms per forward, its ratio to M = 1, the GFLOP/s of the weight
     matmuls (2 flops per weight element and row), the GB/s of weights streamed, and the ms
     of the forward spent inside GEMMs (None when not measured)."""

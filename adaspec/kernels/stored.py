@@ -135,7 +135,7 @@ def make(type_name: str, raw: np.ndarray, k: int) -> Stored:
     bytes_ = mx.array(flat.view(np.float32))
     weight = mx.as_strided(bytes_, (n, k), (k, 1))
     mx.eval(bytes_, weight)
-    view = np.asarray(memoryview(bytes_)).view(np.uint8)[: raw.size].reshape(raw.shape)
+    view = np.asarray(_buffer(bytes_)).view(np.uint8)[: raw.size].reshape(raw.shape)
     return Stored(type_name, n, k, bytes_, weight, view)
 
 
@@ -191,7 +191,7 @@ class Registry:
         rank leaves to the others); returns the bytes released."""
         from mlx.utils import tree_flatten
 
-        held = {id(p) for _, p in tree_flatten(model.parameters())}
+        held = {id(p) for p in dict(tree_flatten(model.parameters())).values()}
         gone = [s for s in self.matrices if id(s.weight) not in held]
         if gone:
             _unregister(self.lib, [s.address for s in gone])
@@ -208,9 +208,14 @@ class Registry:
 _BY_ADDRESS: dict[int, weakref.ref] = {}
 
 
+def _buffer(a: mx.array) -> memoryview:
+    """`a`'s memory, no copy (mx.array has the buffer protocol; its type stubs do not say)."""
+    return memoryview(a)  # type: ignore[arg-type]
+
+
 def _address(a: mx.array) -> int | None:
     try:
-        return int(np.asarray(memoryview(a)).ctypes.data)
+        return int(np.asarray(_buffer(a)).ctypes.data)
     except (TypeError, ValueError, BufferError):
         return None
 
