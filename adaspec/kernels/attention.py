@@ -233,7 +233,7 @@ def install(model: Any) -> list[str]:
     for name in sorted({type(m).__module__ for m in _modules(model)}):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "scaled_dot_product_attention", None) is original:
-            module.scaled_dot_product_attention = scaled_dot_product_attention
+            vars(module)["scaled_dot_product_attention"] = scaled_dot_product_attention
             changed.append(name)
     _installed.extend(changed)
     return changed

@@ -22,13 +22,17 @@ restores the classes. No mlx-lm class or module attribute is changed.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import attention, layers, native_layers
+
+if TYPE_CHECKING:
+    from mlx_lm.models.cache import KVCache
 
 # mlx-lm modules whose Attention and TransformerBlock have the code the twins reproduce
 COVERED = ("mlx_lm.models.llama", "mlx_lm.models.qwen2")
@@ -61,7 +65,7 @@ def _add_square(x: mx.array, r: mx.array) -> tuple[mx.array, mx.array]:
     return h, mx.square(h)
 
 
-def _kv_cache() -> type:
+def _kv_cache() -> type[KVCache]:
     from mlx_lm.models.cache import KVCache
 
     return KVCache
@@ -154,6 +158,13 @@ class DecodeAttention:
     projections in one node and attention in one node laid out for o_proj; without it,
     sdpa's mlx ops where they fold."""
 
+    # set by the mlx-lm Attention this mixes into
+    n_heads: int
+    n_kv_heads: int
+    scale: float
+    rope: Any  # nn.RoPE, or its ExactRoPE twin (`_decodes` admits the short path with that)
+    o_proj: Callable[[mx.array], mx.array]
+
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         if _decodes(self, x, mask, cache):
             core = _native(x)
@@ -200,6 +211,12 @@ class DecodeAttention:
 class FusedBlock:
     """mlx-lm's Llama / Qwen2 TransformerBlock.__call__ with the first residual sum and its
     square in one kernel, where the post-attention norm is an ExactRMSNorm that fuses."""
+
+    # set by the mlx-lm TransformerBlock this mixes into
+    self_attn: Callable[[mx.array, Any, Any], mx.array]
+    input_layernorm: Callable[[mx.array], mx.array]
+    post_attention_layernorm: nn.Module
+    mlp: Callable[[mx.array], mx.array]
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         out = native_layers.decode_layer(self, x, mask, cache)

@@ -221,6 +221,7 @@ def stock(m: Any) -> Any:
     else): what benchmarks and tests compare the twins against."""
     if isinstance(m, ExactRoPE):
         return nn.RoPE(m.dims, m.traditional, m.base, m.scale)
+    ref: nn.Module
     if isinstance(m, ExactLinear):
         ref = nn.Linear(1, 1, bias="bias" in m)
     elif isinstance(m, ExactRMSNorm):
@@ -236,15 +237,15 @@ def _twin(m: Any) -> Any:
     if type(m) is nn.RoPE:
         return ExactRoPE(m.dims, m.traditional, m.base, m.scale)
     if type(m) is nn.RMSNorm:
-        twin = ExactRMSNorm(m.weight.shape[0], m.eps)
-        twin.weight = m.weight
-        return twin
+        norm = ExactRMSNorm(m.weight.shape[0], m.eps)
+        norm.weight = m.weight
+        return norm
     if type(m) is nn.Linear:
         out_dims, in_dims = m.weight.shape
-        twin = ExactLinear(in_dims, out_dims, bias="bias" in m)  # its own init stays lazy
+        linear = ExactLinear(in_dims, out_dims, bias="bias" in m)  # its own init stays lazy
         for key, value in m.items():  # the same arrays: nothing copied or converted
-            twin[key] = value
-        return twin
+            linear[key] = value
+        return linear
     return None
 
 

@@ -73,7 +73,7 @@ def install() -> bool:
 
     module = sys.modules["mlx_lm.generate"]
     if module.mx is mx:
-        module.mx = _CORE
+        vars(module)["mx"] = _CORE  # a module's attributes are its __dict__
     return module.mx is _CORE
 
 

@@ -139,7 +139,8 @@ def _rope(x: mx.array, rope: ExactRoPE, p: RowPlan) -> mx.array:
     """ExactRoPE over [1, heads, rows, dims], each row at its own sequence's position"""
     half = rope.dims // 2
     if rope.dims == x.shape[-1]:
-        return mx.concatenate(_rotate(*mx.split(x, [half], -1), p.cos, p.sin), -1)
+        x1, x2 = mx.split(x, [half], -1)
+        return mx.concatenate(_rotate(x1, x2, p.cos, p.sin), -1)
     outs = list(_rotate(x[..., :half], x[..., half : rope.dims], p.cos, p.sin))
     return mx.concatenate([*outs, x[..., rope.dims :]], -1)
 
@@ -186,12 +187,13 @@ def _queries(qs: mx.array, p: RowPlan, f: _Folds) -> list[mx.array]:
         return [_fold(q, p.rep) if ok else q for q, ok in zip(parts, f.each)]
     _, h, m, d = qs.shape
     rows = mx.take_along_axis(mx.reshape(qs, (1, h // p.rep, p.rep * m, d)), f.gather, axis=2)
-    return mx.split(rows, [p.rep * s for s in cuts], axis=2)
+    # mlx's stub types split() as returning one array; it returns a list of them
+    return mx.split(rows, [p.rep * s for s in cuts], axis=2)  # type: ignore[return-value]
 
 
 def _outputs(outs: list[mx.array], p: RowPlan, f: _Folds) -> mx.array:
     """the sequences' attention outputs as [1, rows, heads * d], o_proj's input"""
-    if f.gather is None:
+    if f.scatter is None:  # set together with f.gather
         outs = [_unfold(o, p.rep) if ok else o for o, ok in zip(outs, f.each)]
         out = mx.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
     else:
@@ -240,6 +242,7 @@ def attend(attn: Any, x: mx.array, caches: list[Any], p: RowPlan) -> mx.array:
         if f.each[i]:
             outs.append(_core(qs[i], keys, values, p.causal[i], p.rep))
         else:
+            assert q_parts is not None  # a sequence that does not fold: split above
             mask = None if n == 1 else "causal"
             sdpa = _module_sdpa(attn)
             outs.append(sdpa(q_parts[i], keys, values, cache=c, scale=attn.scale, mask=mask))

@@ -119,7 +119,7 @@ def build(meta: dict[str, Any], context_length: int) -> tuple[Any, dict[str, Any
     tk.add_tokens([a for a in added if not a.special])
     bos = _special(meta, "bos")
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
-    if add_bos:
+    if add_bos and bos is not None:  # add_bos implies bos; restated for the type checker
         tk.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, vocab[bos])]
         )

@@ -47,7 +47,8 @@ def load(
             return _fast(*stored_model.load(entry, src))
     target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
     try:
-        model, tokenizer = mlx_lm.load(target)
+        # mlx-lm types load() as a pair or a triple; without return_config it is the pair
+        model, tokenizer = mlx_lm.load(target)  # type: ignore[misc]
     except Exception as exc:  # hub, missing weights, unknown model_type: one error type
         raise ModelLoadError(f"mlx_lm could not load {target!r}: {exc}") from exc
     if dtype is not None and not from_gguf:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ModelLoadError
 from ..settings import Settings
@@ -101,7 +101,8 @@ def from_halves(model: Any) -> int:
     kinds = {mx.bfloat16: "BF16", mx.float16: "F16"}
     owners = {n: m for n, m in model.named_modules() if type(m) in (nn.Linear, nn.Embedding)}
     chosen = []
-    for name, p in tree_flatten(model.parameters()):
+    # mlx types tree_flatten's result as a list or a dict; it is the list without destination
+    for name, p in cast(list[tuple[str, mx.array]], tree_flatten(model.parameters())):
         path, _, leaf = name.rpartition(".")
         if leaf == "weight" and path in owners and p.dtype in kinds and p.ndim == 2:
             if stored.readable(kinds[p.dtype], tuple(p.shape)):
