@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from collections.abc import Generator
 from contextlib import closing
-from typing import Any
+from typing import Any, cast
 
 from mlx_lm.server import (
     GenerationContext,
@@ -17,8 +18,10 @@ from mlx_lm.server import (
     _format_top_logprobs,
     _make_logits_processors,
 )
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..api import PromptCache, make_prompt_cache, start_decoder, stream_generate
+from ..api import Response as SpecResponse
 from ..errors import AdaspecError, GenerationArgumentError
 from .batch import Batch, Member, join
 
@@ -167,7 +170,9 @@ class SpecResponseGenerator(ResponseGenerator):
         self.concurrency, self.queue_limit = concurrency, queue
         self._held: tuple | None = None  # a request for another model, waiting for an empty batch
         self.decoding = 0  # requests being decoded now
-        super().__init__(model_provider, None)  # starts the generation thread
+        # starts the generation thread; mlx-lm's LRUPromptCache stays unused (its readers,
+        # _generate and _serve_single, are replaced here): None, which its signature omits
+        super().__init__(model_provider, None)  # type: ignore[arg-type]
 
     def waiting(self) -> int:
         """Requests not yet being decoded."""
@@ -207,7 +212,8 @@ class SpecResponseGenerator(ResponseGenerator):
 
     def _generate_batched(self) -> None:
         """Admit requests while there are free slots, then step every active one together."""
-        batch, active = Batch(), {}
+        batch = Batch()
+        active: dict[int, _Request] = {}
         try:
             while not self._stop:
                 self._admit(batch, active)
@@ -237,7 +243,7 @@ class SpecResponseGenerator(ResponseGenerator):
                 m.close()
                 active.pop(id(m)).finish()
 
-    def _admit(self, batch: Batch, active: dict) -> None:
+    def _admit(self, batch: Batch, active: dict[int, _Request]) -> None:
         """Join waiting requests while slots are free, at most one prefill between steps of a
         running batch; a request for another model waits until the batch is empty."""
         while len(batch.members) < self.concurrency:
@@ -297,7 +303,9 @@ class SpecResponseGenerator(ResponseGenerator):
             rqueue.put(e)
 
     def _prepare(self, request: Any, args: Any) -> tuple[list[int], str, GenerationContext]:
-        tokenizer = self.model_provider.tokenizer
+        # mlx-lm's provider starts with tokenizer = None, all mypy infers for it; a request is
+        # prepared after _load, with the model's TokenizerWrapper there
+        tokenizer = cast(TokenizerWrapper, self.model_provider.tokenizer)
         prompt, _, _, initial_state, vision = self._tokenize(tokenizer, request, args)
         field = "messages" if request.request_type == "chat" else "prompt"
         if vision is not None:
@@ -333,7 +341,12 @@ class SpecResponseGenerator(ResponseGenerator):
         r.rqueue.put(r.ctx)
         model, tokenizer = self.model_provider.model, self.model_provider.tokenizer
         try:
-            responses = stream_generate(model, tokenizer, r.prompt, **r.options())
+            # stream_generate is typed an Iterator; it is a generator, closed here when the
+            # request ends early
+            responses = cast(
+                Generator[SpecResponse, None, None],
+                stream_generate(model, tokenizer, r.prompt, **r.options()),
+            )
             with closing(responses):
                 for gen in responses:
                     if r.emit(gen):

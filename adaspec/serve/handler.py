@@ -9,7 +9,7 @@ from typing import Any
 
 from mlx_lm.server import APIHandler
 
-from .generator import MAX_TOKENS_UNKNOWN_CONTEXT, context_length
+from .generator import MAX_TOKENS_UNKNOWN_CONTEXT, SpecResponseGenerator, context_length
 
 RETRY_AFTER_S = 1  # seconds a client told 503 is asked to wait
 
@@ -26,6 +26,7 @@ def check_drafter(spec: str) -> None:
 
 
 class SpecAPIHandler(APIHandler):
+    response_generator: SpecResponseGenerator  # the one `serve.run` hands mlx-lm's server
     _request: Any = None
 
     def validate_model_parameters(self) -> None:
@@ -50,14 +51,16 @@ class SpecAPIHandler(APIHandler):
                 "accepted: drafter, e.g. 'draft-model:PATH'"
             )
 
+    # mlx-lm's CompletionRequest has no field for the drafter: it rides on the instance, and the
+    # generator reads it back with getattr (as it sets, and the handler reads, `bad` and `usage`)
     def handle_chat_completions(self) -> Any:
         request = super().handle_chat_completions()
-        request.drafter = self.drafter
+        setattr(request, "drafter", self.drafter)  # noqa: B010
         return request
 
     def handle_text_completions(self) -> Any:
         request = super().handle_text_completions()
-        request.drafter = self.drafter
+        setattr(request, "drafter", self.drafter)  # noqa: B010
         return request
 
     def handle_completion(self, request: Any, stop_words: list[str]) -> None:
@@ -68,7 +71,7 @@ class SpecAPIHandler(APIHandler):
             return
         super().handle_completion(request, stop_words)
 
-    def _busy(self, gen: Any) -> None:
+    def _busy(self, gen: SpecResponseGenerator) -> None:
         """503 with Retry-After: every slot is taken and the queue is full."""
         body = json.dumps(
             {"error": f"server busy: {gen.waiting()} requests waiting (ADASPEC_SERVE_QUEUE="
