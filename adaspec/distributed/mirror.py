@@ -9,7 +9,7 @@ import json
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -52,8 +52,8 @@ class ShardedKV(KVTarget):
         x = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         x = x.astype(mx.uint32)[None]
         layers = layer_list(self.model)
-        mine = [(t, self.sharding.local(t)) for t in taps]
-        mine = [(t, i) for t, i in mine if i is not None]
+        local = [(t, self.sharding.local(t)) for t in taps]
+        mine = [(t, i) for t, i in local if i is not None]
         slots = [
             (layers[i], "layer") if isinstance(layers[i], _Stage) else (layers, i) for _, i in mine
         ]
@@ -70,6 +70,11 @@ class ShardedKV(KVTarget):
         return logits, [
             every[o * n : (o + 1) * n, j * h : (j + 1) * h] for j, o in enumerate(owners)
         ]
+
+
+def _ints(a: mx.array) -> list[int]:
+    """A 1-D integer array's values (mlx types tolist() as any nesting of lists or a scalar)."""
+    return cast(list[int], a.tolist())
 
 
 def _header(op: int, tid: int, n: int = 0, a: int = 0, taps: Sequence[int] = (), ids=None):
@@ -130,7 +135,7 @@ class Channel:
         try:
             hdr = mx.distributed.all_sum(mx.zeros((HEADER,), mx.int32), group=g)
             mx.eval(hdr)
-            op, tid, n, a, nt = hdr[:5].tolist()
+            op, tid, n, a, nt = _ints(hdr[:5])
             ids = hdr[FIXED : FIXED + n]
             if n > SLOTS:
                 zeros = mx.depends(mx.zeros((n,), mx.int32), hdr)
@@ -138,7 +143,7 @@ class Channel:
                 mx.eval(ids)
         except RuntimeError as exc:
             raise self.world.lost("waiting for rank 0's next command", exc) from exc
-        return op, tid, n, a, tuple(hdr[5 : 5 + nt].tolist()), ids  # type: ignore[arg-type]
+        return op, tid, n, a, tuple(_ints(hdr[5 : 5 + nt])), ids
 
 
 def local_target(model: Any, tokenizer: Any, world: World, prefill_step: int) -> ShardedKV:
@@ -313,12 +318,12 @@ def follow(model: Any, tokenizer: Any, world: World) -> int:
                 world.done()
                 return 0
             if op == NEW:
-                for dead in ids.tolist():
+                for dead in _ints(ids):
                     targets.pop(dead, None)
                 targets[tid] = local_target(model, tokenizer, world, a)
             elif op == PREFILL:
                 targets[tid].rollback(a)  # a rollback rank 0 made since the last command
-                targets[tid].prefill(ids.tolist(), taps)
+                targets[tid].prefill(_ints(ids), taps)
             elif op == FORWARD:
                 targets[tid].rollback(a)
                 fwd = targets[tid].forward(ids.astype(mx.uint32), taps)
@@ -326,7 +331,7 @@ def follow(model: Any, tokenizer: Any, world: World) -> int:
             elif op == ROLLBACK:
                 targets[tid].rollback(a)
             elif op == AR:
-                kw = json.loads(bytes(ids.tolist()).decode())
+                kw = json.loads(bytes(_ints(ids)).decode())
                 for _ in _ar(model, tokenizer, kw.pop("ids"), kw.pop("max_tokens"), kw):
                     if world.watchdog:
                         world.watchdog.arm(OP_NAMES[AR])

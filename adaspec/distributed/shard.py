@@ -131,7 +131,7 @@ def tensor(model: Any, world: World) -> Sharding:
             "ADASPEC_SHARD=pipeline, or a model type with shard() (llama, qwen2, qwen3, ...)"
         )
     registry = getattr(model, "adaspec_stored", None)
-    if registry is not None and getattr(registry, "nbytes", 0):
+    if registry is not None and getattr(registry, "nbytes", 0) > 0:
         raise DistributedError(
             "tensor sharding slices the weight matrices, and this model reads them at their "
             "stored bits, which cannot be sliced; accepted: ADASPEC_STORED_WEIGHTS=off with "

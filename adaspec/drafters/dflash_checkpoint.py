@@ -135,10 +135,11 @@ def read_checkpoint(
             weights.update(cast(dict, mx.load(str(f))))
         except Exception as exc:  # mlx raises bare RuntimeError/ValueError on broken files
             raise ModelLoadError(f"cannot read DFlash weights {str(f)!r}: {exc}") from None
-    head = weights.pop(HEAD_KEY, None)
+    stored_head = weights.pop(HEAD_KEY, None)
     check_weights(weights, cfg, repr(str(p)))
-    if head is not None:
-        head = check_head_tokens(head, cfg.vocab_size, f"DFlash checkpoint {str(p)!r}")
+    head = None
+    if stored_head is not None:
+        head = check_head_tokens(stored_head, cfg.vocab_size, f"DFlash checkpoint {str(p)!r}")
     return cfg, weights, head
 
 

@@ -113,8 +113,9 @@ class DraftLM:
         self._head = self._restricted_head(head, target, info.vocab_size) if head else None
         # head=N gathers its rows into an array of its own: shadowed like the model's matrices
         kept = self._head[1] if self._head else None
-        own = shadows is not None and isinstance(kept, KeptRows)
-        self.head_shadows = Shadows([kept.weight]) if own else None
+        self.head_shadows = (
+            Shadows([kept.weight]) if shadows is not None and isinstance(kept, KeptRows) else None
+        )
         self._make_cache = make_prompt_cache
         self.cache = make_prompt_cache(model)
         if not can_trim_prompt_cache(self.cache):

@@ -107,7 +107,9 @@ def head_subset(stored: np.ndarray | None, head: int | None) -> np.ndarray | Non
 def restricted_projection(project: Callable, ids: np.ndarray, vocab_size: int) -> Callable:
     """h -> project(h)[..., ids], computed from the kept rows of the projection's weight only
     (plain or quantized, tied or not); any other head is applied whole, then sliced."""
-    owner = getattr(project, "__self__", project)  # a tied head is embed.as_linear
+    # a bound method's module (a tied head is embed.as_linear), else `project` itself; either
+    # may be any object: what it holds is probed below
+    owner: Any = getattr(project, "__self__", project)
     rows = mx.array(ids.astype(np.int32))
     has = getattr(owner, "__contains__", None)
     if not (has and "weight" in owner and owner["weight"].shape[0] == vocab_size):

@@ -294,7 +294,7 @@ def _top(nxts: list[np.ndarray]) -> tuple[int, int]:
         if not counts:
             return SEP, 0
         return min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    vals, counts = np.unique(np.concatenate(nxts), return_counts=True)
-    counts = np.where(vals == SEP, 0, counts)
-    i = int(np.argmax(counts))  # ties: the smallest id
-    return int(vals[i]), int(counts[i])
+    vals, freq = np.unique(np.concatenate(nxts), return_counts=True)
+    freq = np.where(vals == SEP, 0, freq)
+    i = int(np.argmax(freq))  # ties: the smallest id
+    return int(vals[i]), int(freq[i])

@@ -167,7 +167,9 @@ class Library:
             self.online = []
 
     def _save(self) -> None:
-        stream = np.concatenate([s.tokens for s in self.online]) if self.online else []
+        stream: np.ndarray | list[int] = (
+            np.concatenate([s.tokens for s in self.online]) if self.online else []
+        )
         seqs = np.split(np.asarray(stream), np.flatnonzero(np.asarray(stream) == SEP) + 1)
         assert self.persist is not None
         save_data(self.persist, [s[:-1] for s in seqs if len(s) > 1], {})

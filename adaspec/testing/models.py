@@ -3,6 +3,8 @@ and a writer for model folders: the building blocks of the contract tests."""
 
 from __future__ import annotations
 
+from typing import Any
+
 # isort: off
 import adaspec  # noqa: F401  (must come first: loads the fast BLAS before mlx)
 import mlx.core as mx
@@ -25,7 +27,8 @@ def tiny_model(
     arch: str = "llama", vocab: int = VOCAB, seed: int = 0, layers: int = 2, scale: float = 4.0
 ):
     mx.random.seed(seed)
-    common = dict(
+    model: nn.Module
+    common: dict[str, Any] = dict(
         hidden_size=64,
         num_hidden_layers=layers,
         intermediate_size=128,

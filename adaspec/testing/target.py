@@ -12,7 +12,7 @@ the sampled distribution depends on the context (the next cycle character has pr
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -58,11 +58,9 @@ def tiny_target(seed: int = 0, peak: float = 3.0, mix: float = 0.2) -> Any:
         max_position_embeddings=4096,
     )
     model = llama.Model(args)
-    outputs = [
-        (k, p * mix)
-        for k, p in tree_flatten(model.parameters())
-        if k.endswith(("o_proj.weight", "down_proj.weight"))
-    ]
+    # mlx types tree_flatten's result as a list or a dict; it is the list without destination
+    params = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    outputs = [(k, p * mix) for k, p in params if k.endswith(("o_proj.weight", "down_proj.weight"))]
     model.update(tree_unflatten(outputs))
     q, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((_HIDDEN, TINY_VOCAB)))
     embed = q.T.astype(np.float32)  # (V, H), orthonormal rows
