@@ -14,6 +14,7 @@ import importlib.util
 import json
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,7 +353,7 @@ def build_prompts(
 
 
 def _draws(
-    seeds: list[tuple[str, tuple[str, ...]]], n: int, rng: random.Random
+    seeds: Sequence[tuple[str, tuple[str, ...]]], n: int, rng: random.Random
 ) -> list[tuple[int, str, str]]:
     """(draw number, seed text, task) of n draws, repeats dropped. The first pass over the
     seeds draws a task from all of a seed's tasks (so a count change keeps earlier prompts);

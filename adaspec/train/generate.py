@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -43,7 +43,7 @@ def prefill_groups(lengths: Sequence[int], chunk: int) -> list[list[int]]:
     return out
 
 
-def _prefill_group(model: Any, rows: list[list[int]], chunk: int) -> list:
+def _prefill_group(model: Any, rows: Sequence[Sequence[int]], chunk: int) -> list:
     """The rows (equal lengths) but their last token through the decoder, without the output
     projection: one cache of len(rows) rows (lazy; the caller evaluates)."""
     from mlx_lm.models.cache import make_prompt_cache
@@ -126,7 +126,7 @@ def greedy_batch(
         if t + 1 < max_new:  # rows that have just finished compute one token too many
             nxt = mx.argmax(model(tok[:, None], cache=cache)[:, -1], axis=-1)
             mx.async_eval(nxt)
-        step = tok.tolist()
+        step = cast(list[int], tok.tolist())  # tok is (rows,) ids; mlx types tolist() loosely
         for r, i in enumerate(rows):
             if not out[i] or out[i][-1] not in eos:
                 out[i].append(int(step[r]))

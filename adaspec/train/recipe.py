@@ -152,10 +152,17 @@ class Recipe:
         return None if self.init in ("target", "random") else Path(self.init)
 
 
-TINY = dict(n_news=6, n_code=4, heldout=0.2, max_prompt=96, max_new=24, gen_batch=4, layers=1)
-TINY_HYPER = dict(epochs=3, seqs_per_step=2, anchors_per_seq=8, ckpt_every=5)
-
-
 def tiny_recipe(recipe: Recipe) -> Recipe:
     """The --tiny run: a few prompts, short responses, one layer; minutes on a CPU."""
-    return replace(recipe, **TINY, hyper=replace(recipe.hyper, **TINY_HYPER))
+    hyper = replace(recipe.hyper, epochs=3, seqs_per_step=2, anchors_per_seq=8, ckpt_every=5)
+    return replace(
+        recipe,
+        n_news=6,
+        n_code=4,
+        heldout=0.2,
+        max_prompt=96,
+        max_new=24,
+        gen_batch=4,
+        layers=1,
+        hyper=hyper,
+    )

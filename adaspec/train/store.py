@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -33,6 +34,28 @@ def shown_path(path: str | Path) -> str:
     or metrics file must not name this machine's folders), else as given."""
     root, full = checkout_root(), Path(path).resolve()
     return str(full.relative_to(root)) if root and full.is_relative_to(root) else str(path)
+
+
+class ShardArrays(TypedDict):
+    """The arrays of one npz shard, by name."""
+
+    tokens: np.ndarray  # every sequence's prompt then response, back to back
+    lengths: np.ndarray  # (N,) int64, each sequence's length
+    prompt_lens: np.ndarray  # (N,) int64
+    keys: np.ndarray  # (N,) str
+    ids: np.ndarray  # (N,) str
+    heldout: np.ndarray  # (N,) bool
+    max_new: np.ndarray  # () the generation's max_new
+
+
+class ShardSummary(TypedDict):
+    """One shard's entry in the index."""
+
+    file: str
+    sequences: int
+    prompt_tokens: int
+    response_tokens: int
+    max_new: int
 
 
 @dataclass(frozen=True)
@@ -95,7 +118,7 @@ class ResponseStore:
         return path
 
     def write_index(self) -> dict:
-        shards = []
+        shards: list[ShardSummary] = []
         for path in self.shards():
             with np.load(path) as z:
                 plen, total = z["prompt_lens"], z["lengths"]
@@ -122,7 +145,7 @@ class ResponseStore:
         return index
 
 
-def _arrays(answers: Sequence[Answer], vocab_size: int, max_new: int) -> dict[str, np.ndarray]:
+def _arrays(answers: Sequence[Answer], vocab_size: int, max_new: int) -> ShardArrays:
     dtype = np.uint16 if vocab_size <= 2**16 else np.int32
     parts = [np.concatenate([a.prompt, a.response]) for a in answers]
     return {

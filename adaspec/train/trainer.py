@@ -119,7 +119,7 @@ def batch_arrays(
     top-k ids and log-probs at each draft position."""
     A = max(len(a) for a in anchors)
     padded = np.zeros((len(anchors), A), dtype=np.int64)
-    real = []
+    real: list[int] = []
     for i, a in enumerate(anchors):
         padded[i, : len(a)] = a
         real.extend(i * A + j for j in range(len(a)))
@@ -370,7 +370,8 @@ class Trainer:
                 f"checkpoint {str(d)!r} was trained on other data ({state.get('data')}, now "
                 f"{self._data_id()}); accepted: the same data to resume, or delete {str(d)!r}"
             )
-        self.model.load_weights(list(mx.load(str(d / "model.safetensors")).items()))
+        weights = cast(dict, mx.load(str(d / "model.safetensors")))
+        self.model.load_weights(list(weights.items()))
         opt = cast(dict, mx.load(str(d / "optimizer.safetensors")))
         self.opt.state = tree_unflatten(list(opt.items()))
         hist = state["history"]
