@@ -16,8 +16,11 @@
 
 #define ROUNDED(v) VKEEP(v)
 #define NV (32 / W) /* vectors per 32 elements */
+#ifndef PF_L1
+#define PF_L1 4096 /* a fused tile's next tile goes into L1 up to this many bytes, else L2 */
+#endif
 #ifndef PF_AHEAD
-#define PF_AHEAD 1 /* tiles of B rows ahead that a tile prefetches */
+#define PF_AHEAD 1 /* tiles of B rows ahead that a scratch tile prefetches */
 #endif
 
 /* the scale at p (an IEEE half) in every lane: F16C widens it exactly, as numpy does */
@@ -341,6 +344,9 @@ DECODER(bf16) {
         for (int v = 0; v < NU; v++) ar[i][v] = VLOAD(A + i * lda + e + v * W);             \
     if (!(e & 255))                                                                         \
       for (int j = 0; j < nr; j++) PREP(B + j * rb, e, &sc[j]);                             \
+    /* a large next tile comes into L2 a share per step (into L1 it evicted this one) */   \
+    for (long left = per32 * (NU * W / 32); left > 0 && pf < pf_end; left -= 64, pf += 64)  \
+      __builtin_prefetch(pf, 0, 2);                                                         \
     for (int j = 0; j < nr; j++) {                                                          \
       VEC b[NU];                                                                            \
       DEC(B + j * rb, e, b, &sc[j]);                                                        \
@@ -377,11 +383,16 @@ DECODER(bf16) {
   }                                                                                         \
   static inline __attribute__((always_inline)) void QFN(fused_##name)(                      \
       int mr, int nr, int K, const float *A, long lda, const unsigned char *B, long rb,     \
-      float al, float be, float *C, long ldc) {                                             \
+      const unsigned char *lim, float al, float be, float *C, long ldc) {                   \
     VEC acc[MR][NR];                                                                        \
     for (int i = 0; i < mr; i++)                                                            \
       for (int j = 0; j < nr; j++) acc[i][j] = VZERO();                                     \
     QFN(scales_t) sc[NR];                                                                   \
+    /* the next tile (NR rows after this one, if the part has them) is fetched meanwhile */ \
+    const unsigned char *pf = B + NR * rb, *pf_end = B + 2 * NR * rb <= lim ? pf + NR * rb : pf; \
+    long per32 = (NR * rb * 32 + K - 1) / K;                                                \
+    if (NR * rb <= PF_L1) /* a small one into L1 at once */                                 \
+      for (; pf < pf_end; pf += 64) __builtin_prefetch(pf, 0, 3);                           \
     int e = 0;                                                                              \
     if (IF_DEC64_##name(1, 0) && mr <= 2)                                                   \
       for (; e + 64 <= K; e += 64) FUSED_UNIT(QFN(prep_##name), QFN(dec64_any_##name), 64 / W)                \
@@ -390,15 +401,17 @@ DECODER(bf16) {
       for (int j = 0; j < nr; j++) put(C + i * ldc + j, VHSUM(acc[i][j]), al, be);          \
   }                                                                                         \
   static void QFN(fused_any_##name)(int mr, int nr, int K, const float *A, long lda,        \
-                                    const unsigned char *B, long rb, float al, float be,    \
-                                    float *C, long ldc) {                                   \
+                                    const unsigned char *B, long rb,                        \
+                                    const unsigned char *lim, float al, float be, float *C, \
+                                    long ldc) {                                             \
     switch (mr * 8 + nr) {                                                                  \
       FUSED_CASES(name)                                                                     \
     }                                                                                       \
   }
 #define FUSED_CASE(name, r, c)                                                              \
   case (r) * 8 + (c):                                                                       \
-    if ((r) <= MR && (c) <= NR) QFN(fused_##name)(r, c, K, A, lda, B, rb, al, be, C, ldc);  \
+    if ((r) <= MR && (c) <= NR)                                                             \
+      QFN(fused_##name)(r, c, K, A, lda, B, rb, lim, al, be, C, ldc);                       \
     break;
 #define FUSED_ROW(name, r)                                                                  \
   FUSED_CASE(name, r, 1) FUSED_CASE(name, r, 2) FUSED_CASE(name, r, 3) FUSED_CASE(name, r, 4)
@@ -432,10 +445,10 @@ static void QFN(dequant_row)(int type, const unsigned char *row, float *out, int
 
 /* rows [0, mr) of A (mr <= MR) against rows [0, nr) of stored B, widened in registers */
 static void QFN(fused_tile)(int type, int mr, int nr, int K, const float *A, long lda,
-                            const unsigned char *B, long rb, float al, float be, float *C,
-                            long ldc) {
+                            const unsigned char *B, long rb, const unsigned char *lim,
+                            float al, float be, float *C, long ldc) {
 #define FUSED_TYPE(code, name) \
-  case code: QFN(fused_any_##name)(mr, nr, K, A, lda, B, rb, al, be, C, ldc); break;
+  case code: QFN(fused_any_##name)(mr, nr, K, A, lda, B, rb, lim, al, be, C, ldc); break;
   switch (type) { EACH_TYPE(FUSED_TYPE) }
 #undef FUSED_TYPE
 }
@@ -453,15 +466,15 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
   for (int n = 0; n < N; n += NR) {
     int nr = N - n < NR ? N - n : NR;
     const unsigned char *rows = B + (long)n * row_bytes;
-    /* the next tile's bytes into L1 while this one is multiplied: without it a Qwen2.5-1.5B
-     * step took 127 ms, with it 71 ms into L2 and 61 ms into L1 (further ahead: slower) */
+    if (M <= MR) { /* the tile streams its own rows and the next tile's (FUSED_UNIT) */
+      QFN(fused_tile)(type, M, nr, K, A, lda, rows, row_bytes, B + N * row_bytes, al, be, C + n,
+                      ldc);
+      continue;
+    }
+    /* the next tile's bytes into L1 while this one is widened and multiplied */
     if (n + PF_AHEAD * NR < N)
       for (long o = 0; o < NR * row_bytes; o += 64)
         __builtin_prefetch(rows + PF_AHEAD * NR * row_bytes + o, 0, 3);
-    if (M <= MR) {
-      QFN(fused_tile)(type, M, nr, K, A, lda, rows, row_bytes, al, be, C + n, ldc);
-      continue;
-    }
     for (int j = 0; j < nr; j++) QFN(dequant_row)(type, rows + j * row_bytes, s + (long)j * K, K);
     for (int m = 0; m < M; m += MR)
       FP32FN(tile_any)(M - m < MR ? M - m : MR, nr, K, A + (long)m * lda, lda, s, K, al, be,
