@@ -4,10 +4,12 @@ one process, the modes taking turns on each prompt (never concurrently: each use
     pip install xllamacpp      # or: pip install -e '.[llamacpp]'
     python benchmarks/llamacpp.py [--model smollm2-135m] [--suite JSONL] [--limit N]
         [--category C] [--max-tokens N] [--repeats 3] [--modes M,M,...] [--json OUT]
+        [--server PATH] [--drafter SPEC]
 
 Modes: llama (llama.cpp, greedy), llama-ngram-simple and llama-ngram-mod (llama.cpp's own
 n-gram speculation at its default settings), mlx-lm (mlx-lm's AR on adaspec's model, the AR
-column of `adaspec bench`), adaspec-plain (`--drafter none`), adaspec-auto (the default drafter).
+column of `adaspec bench`), adaspec-plain (`--drafter none`), adaspec-auto (the model's default
+drafter, or `--drafter SPEC`).
 
 `--server PATH` runs a llama-server binary instead (HTTP on 127.0.0.1, the same flags and
 request; the server is started once per mode, again before every ngram-mod run). Build one for
@@ -122,7 +124,8 @@ class HttpLlama:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(600):
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{' '.join(cmd)} exited: {self.system_info() or 'see its log'}")
+                self.log.seek(0)
+                raise RuntimeError(f"{' '.join(cmd)} exited: {self.log.read()[-2000:]}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
                     if r.status == 200:
@@ -138,8 +141,9 @@ class HttpLlama:
             self.proc = None
 
     def system_info(self) -> str:
-        self.log.seek(0)
-        return next((ln.strip() for ln in self.log if "system_info" in ln), "")
+        """The binary's version and build (`--version`)."""
+        out = subprocess.run([self.cmd[0], "--version"], capture_output=True, text=True)
+        return " ".join((out.stdout + out.stderr).split())
 
     def __call__(self, messages: list[dict], ids: list[int], max_tokens: int) -> Result:
         if self.fresh or self.proc is None:
@@ -172,7 +176,9 @@ def server_args(gguf: str, threads: int, n_ctx: int, spec: str | None) -> list[s
     return args + (["--spec-type", spec.lower().replace("_", "-")] if spec else [])
 
 
-def adaspec_runners(model_name: str, modes: list[str]) -> tuple[dict, object]:
+def adaspec_runners(
+    model_name: str, modes: list[str], drafter: str | None = None
+) -> tuple[dict, object]:
     """The mlx-lm / adaspec runners of `modes` on the loaded model, and its tokenizer."""
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
@@ -183,7 +189,8 @@ def adaspec_runners(model_name: str, modes: list[str]) -> tuple[dict, object]:
     from adaspec.targets.base import target_info
 
     model, tok = load(model_name)
-    drafters = {"adaspec-plain": "none", "adaspec-auto": default_spec(target_info(model, tok))}
+    auto = drafter or default_spec(target_info(model, tok))
+    drafters = {"adaspec-plain": "none", "adaspec-auto": auto}
 
     def wrap(stream_of):
         def run(messages: list[dict], ids: list[int], max_tokens: int) -> Result:
@@ -214,7 +221,7 @@ def bench(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--modes {','.join(bad)} unknown; accepted: {','.join(MODES)}")
     gguf = str(catalogue.require(args.model))
     suite = select(load_suite(args.suite), args.category, None, args.limit)
-    runners, tok = adaspec_runners(args.model, modes)
+    runners, tok = adaspec_runners(args.model, modes, args.drafter)
     for m in set(modes).intersection(LLAMA):
         fresh = m == "llama-ngram-mod"
         if args.server:
@@ -235,7 +242,8 @@ def bench(args: argparse.Namespace) -> dict:
                 runs[m].append(run(p.messages, ids, n))
         records.append(record(p, ids, runs))
         print(row(records[-1], modes), flush=True)
-    config = {k: getattr(args, k) for k in ("model", "threads", "ctx", "repeats", "max_tokens")}
+    keys = ("model", "threads", "ctx", "repeats", "max_tokens", "drafter")
+    config = {k: getattr(args, k) for k in keys}
     config |= {"gguf": gguf, "suite": args.suite or "adaspec/bench/prompts.jsonl"}
     if args.server:
         info = next((r.system_info() for r in runners.values() if isinstance(r, HttpLlama)), "")
@@ -312,6 +320,7 @@ def main() -> None:
     p.add_argument("--ctx", type=int, default=4096, help="llama.cpp's context size")
     p.add_argument("--verbose", action="store_true", help="llama.cpp's own log on stderr")
     p.add_argument("--server", default=None, help="a llama-server binary (else the wheel)")
+    p.add_argument("--drafter", default=None, help="adaspec-auto's spec (default: the model's)")
     p.add_argument("--json", default=None, help="write config, records and summary here")
     a = p.parse_args()
     res = bench(a)
