@@ -44,6 +44,7 @@ the prompt is that its prompt token count equals adaspec's.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import socket
 import statistics
@@ -122,6 +123,7 @@ class HttpLlama:
         self.url = f"http://127.0.0.1:{port}"
         cmd = [*self.cmd, "--host", "127.0.0.1", "--port", str(port)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        atexit.register(self.stop)  # no server outlives the script
         for _ in range(600):
             if self.proc.poll() is not None:
                 self.log.seek(0)
