@@ -30,6 +30,7 @@ _LAZY = {
     "PromptCache": ("adaspec.api", "PromptCache"),
     "compare_to_ar": ("adaspec.compare", "compare_to_ar"),
     "load": ("adaspec.targets.loader", "load"),
+    "warm_up": ("adaspec.warmup", "warm_up"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.plan", "make"),
     "Draft": ("adaspec.drafters.base", "Draft"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import numpy as np
@@ -55,7 +55,7 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[int] | mx.array) -> lis
         add = bos is None or not prompt.startswith(bos)
         ids = list(tokenizer.encode(prompt, add_special_tokens=add))
     elif isinstance(prompt, mx.array):
-        ids = [int(t) for t in prompt.reshape(-1).tolist()]
+        ids = [int(t) for t in cast("list[int]", prompt.reshape(-1).tolist())]
     else:
         ids = [int(t) for t in prompt]
     if not ids:
@@ -76,8 +76,11 @@ def resolve_drafters(
 
     if drafter is None:
         return []
-    one = isinstance(drafter, str) or not isinstance(drafter, Sequence)
-    items = [drafter] if one else drafter
+    items: Sequence[str | DrafterPlan | DraftModel]
+    if isinstance(drafter, (str, DrafterPlan)) or not isinstance(drafter, Sequence):
+        items = [drafter]
+    else:
+        items = drafter
     arms: list[DraftModel] = []
     for item in items:
         if isinstance(item, (str, DrafterPlan)):

@@ -49,35 +49,44 @@ def compare_to_ar(
     top_k: int = 0,
     min_p: float = 0.0,
     seed: int | None = None,
+    warmup: bool = True,
     **kwargs: Any,
 ) -> Comparison:
     """Generate `prompt` with mlx-lm's `stream_generate` (plain AR) and with adaspec's
     (speculating with `drafter`, default "auto"), alternating, `repeats` times each. `prompt`
     is fed as is, like `stream_generate` does (apply a chat template first if wanted);
-    `kwargs` go to adaspec's stream_generate (stop, settings, policy, ...)."""
+    `kwargs` go to adaspec's stream_generate (stop, settings, policy, ...). warmup: first run
+    both once, untimed, on another prompt (adaspec/warmup.py), so neither side's timing holds
+    a kernel build or a drafter's first use."""
     import mlx.core as mx
     import mlx_lm
     from mlx_lm.sample_utils import make_sampler
 
     from .api import stream_generate
-    from .bench.timing import median, timed
+    from .bench.timing import Run, median, timed
+    from .warmup import warm_generations, warm_ids
 
     prompt = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
-    sampling = dict(temp=temp, top_p=top_p, top_k=top_k, min_p=min_p)
-    ar_runs, spec_runs = [], []
-    for _ in range(max(1, repeats)):
+
+    def run_ar(p: str | list[int], n: int) -> Run:
         if seed is not None:
             mx.random.seed(seed)
         sampler = make_sampler(temp, top_p, min_p, top_k=top_k)
-        ar = mlx_lm.stream_generate(
-            model, tokenizer, prompt, max_tokens=max_tokens, sampler=sampler
-        )
-        ar_runs.append(timed(ar))
+        return timed(mlx_lm.stream_generate(model, tokenizer, p, max_tokens=n, sampler=sampler))
+
+    def run_spec(p: str | list[int], n: int) -> Run:
         ours = stream_generate(
-            model, tokenizer, prompt, drafter=drafter, max_tokens=max_tokens, seed=seed,
-            **sampling, **kwargs,
+            model, tokenizer, p, drafter=drafter, max_tokens=n, seed=seed, temp=temp,
+            top_p=top_p, top_k=top_k, min_p=min_p, **kwargs,
         )  # fmt: skip
-        spec_runs.append(timed(ours))
+        return timed(ours)
+
+    if warmup:
+        warm_generations([run_ar, run_spec], warm_ids(tokenizer, use_template=False))
+    ar_runs, spec_runs = [], []
+    for _ in range(max(1, repeats)):
+        ar_runs.append(run_ar(prompt, max_tokens))
+        spec_runs.append(run_spec(prompt, max_tokens))
     ar, spec = ar_runs[-1], spec_runs[-1]
     return Comparison(
         identical=ar.tokens == spec.tokens,

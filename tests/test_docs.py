@@ -79,6 +79,15 @@ def _figure(header: str, summary: dict) -> str | None:
         return f"{summary['all']['median_peer_speedup']:.2f}x"
     if h == "vs mlx-lm spec":
         return f"{summary['all']['median_spec_vs_peer']:.2f}x"
+    stock = re.fullmatch(r"vs stock mlx-lm: (grounded|open|all)", h)
+    if stock:
+        return f"{summary[stock.group(1)]['median_spec_vs_stock']:.2f}x"
+    if h == "stock mlx-lm tok/s":
+        return f"{summary['all']['median_stock_tok_s']:.1f}"
+    if h == "mlx-lm ar vs stock":
+        return f"{summary['all']['median_ar_vs_stock']:.2f}x"
+    if h == "identical to stock mlx-lm":
+        return f"{summary['all']['stock_identical']}/{summary['all']['prompts']}"
     if h == "floored steps":
         return f"{summary['all']['floored_fraction']:.0%}"
     if h == "identical":

@@ -15,7 +15,9 @@ from .timing import sampler, timed
 
 log = logging.getLogger(__name__)
 
-PEERS = ("mlx-lm-spec",)
+SPEC_PEER = "mlx-lm-spec"
+# the peers `adaspec bench --peer` takes: this module's, and stock mlx-lm (bench/stock.py)
+PEERS = (SPEC_PEER, "mlx-lm-stock")
 K_CHOICES = (2, 3, 4, 5, 6)
 
 
@@ -110,10 +112,20 @@ def tune_k(
     return best, med
 
 
+def peer_names(peer: str | None) -> list[str]:
+    """The peers a --peer value names (one, or several joined by commas), each checked."""
+    names = [n.strip() for n in (peer or "").split(",") if n.strip()]
+    for name in names:
+        if name not in PEERS:
+            raise GenerationArgumentError(
+                f"--peer {name!r} is unknown; accepted: {', '.join(PEERS)} (or both, joined by "
+                "a comma)"
+            )
+    return names
+
+
 def check_peer(peer: str | None, draft: str | None) -> None:
-    if peer is not None and peer not in PEERS:
-        raise GenerationArgumentError(f"--peer {peer!r} is unknown; accepted: {', '.join(PEERS)}")
-    if peer is not None and not draft:
+    if SPEC_PEER in peer_names(peer) and not draft:
         raise GenerationArgumentError(
             "--peer mlx-lm-spec needs a draft model: --peer-draft PATH_OR_NAME, or "
             "--drafter draft-model:PATH_OR_NAME (the same model is used)"
@@ -162,11 +174,11 @@ def setup_peer(
     run = make_runner(model, tokenizer, cfg.draft_model, sampler_kwargs)
     run(prompts[0], 16, K_CHOICES[0])  # warm-up
     if cfg.k:
-        k, info = cfg.k, {"name": PEERS[0], "k": cfg.k, "tuned": False}
+        k, info = cfg.k, {"name": SPEC_PEER, "k": cfg.k, "tuned": False}
     else:
         k, rates = tune_k(run, prompts[: cfg.tune_prompts], cfg.tune_tokens)
         info = {
-            "name": PEERS[0],
+            "name": SPEC_PEER,
             "k": k,
             "tuned": True,
             "tune_prompts": cfg.tune_prompts,

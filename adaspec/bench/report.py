@@ -9,6 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .peer import peer_block
+from .stock import stock_block
 from .timing import median
 
 
@@ -23,6 +24,7 @@ def summarize(records: list[dict]) -> dict:
             "floored_fraction": round(median([r["floored_fraction"] for r in rs]), 4),
             "identical": sum(r["identical"] for r in rs),
             **peer_block(rs),
+            **stock_block(rs),
             **wire_block(rs),
         }
 
@@ -66,17 +68,25 @@ def wire_lines(summary: dict) -> list[str]:
 
 def markdown(records: list[dict], summary: dict) -> str:
     peer = "median_peer_speedup" in summary["all"]
+    stock = "median_spec_vs_stock" in summary["all"]
     head = "| category | prompts | AR tok/s | spec tok/s | speedup (median) | min | tau | floored "
     head += "| identical |" + (" mlx-lm spec tok/s | peer vs AR | spec vs peer | peer tau |" * peer)
-    lines = [head, "|---" * (9 + 4 * peer) + "|"]
+    head += " stock mlx-lm tok/s | spec vs stock | identical to stock |" * stock
+    lines = [head, "|---" * (9 + 4 * peer + 3 * stock) + "|"]
 
     def peer_cols(b: dict, tps: str) -> str:
-        if not peer:
-            return ""
-        return (
-            f" {tps} | {b['median_peer_speedup']:.2f}x | {b['median_spec_vs_peer']:.2f}x "
-            f"| {b['peer_mean_tau']:.2f} |"
-        )
+        out = ""
+        if peer:
+            out += (
+                f" {tps} | {b['median_peer_speedup']:.2f}x | {b['median_spec_vs_peer']:.2f}x "
+                f"| {b['peer_mean_tau']:.2f} |"
+            )
+        if stock:
+            out += (
+                f" {b['median_stock_tok_s']:.1f} | {b['median_spec_vs_stock']:.2f}x | "
+                f"{b['stock_identical']}/{b['prompts']} |"
+            )
+        return out
 
     for cat, b in summary["by_category"].items():
         rs = [r for r in records if r["category"] == cat]

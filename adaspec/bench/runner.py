@@ -1,5 +1,6 @@
 """Side-by-side benchmark: mlx-lm's own AR and adaspec (and optionally mlx-lm's speculative
-decoding), interleaved per prompt in one process."""
+decoding in the same process, and stock mlx-lm in a process of its own), interleaved per
+prompt."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import TYPE_CHECKING, Any
 from ..prompting import prompt_ids
 from .peer import PeerConfig, peer_fields, setup_peer
 from .report import summarize
+from .stock import stock_fields
 from .suite import Prompt
 from .timing import Run, median, timed
 
 if TYPE_CHECKING:
     from ..drafters.plan import DrafterPlan
+    from .stock import StockPeer
 
 Runner = Callable[[list[int], int], Run]
 
@@ -26,8 +29,8 @@ def bench_prompt(
     repeats: int,
     peer_k: int = 0,
 ) -> dict:
-    """Time every runner ("ar", "spec", optionally "peer") on one prompt, interleaved A B C A B C
-    so drift hits all alike; medians over the repeats."""
+    """Time every runner ("ar", "spec", optionally "peer" and "stock") on one prompt,
+    interleaved A B C A B C so drift hits all alike; medians over the repeats."""
     runs: dict[str, list[Run]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
@@ -70,6 +73,8 @@ def bench_prompt(
     }
     if "peer" in runs:
         record.update(peer_fields(runs["peer"], ar, spec, peer_k))
+    if "stock" in runs:
+        record.update(stock_fields(runs["stock"], ar, spec))
     return record
 
 
@@ -85,13 +90,17 @@ def run_suite(
     progress: bool = True,
     use_template: bool = True,
     peer: PeerConfig | None = None,
+    stock: StockPeer | None = None,
 ) -> dict:
-    """Warm up, then per prompt interleave mlx-lm AR, adaspec and (with `peer`) mlx-lm's
-    speculative decoding; returns records + summary."""
+    """Warm up, then per prompt interleave mlx-lm AR, adaspec, (with `peer`) mlx-lm's
+    speculative decoding and (with `stock`, a started worker) stock mlx-lm; returns records +
+    summary. The warm-up generates from another prompt than the suite's (warmup.MESSAGE), so
+    a drafter that learns from what was generated learns nothing of a timed answer."""
     from tqdm import tqdm
 
     from ..api import stream_generate
     from ..distributed.mirror import mirrored_ar
+    from ..warmup import warm_generations, warm_ids
 
     spec_kwargs = dict(spec_kwargs or {})
 
@@ -109,10 +118,13 @@ def run_suite(
             (Prompt(p.id, p.category, p.grounded, p.messages, max_tokens), ids)
             for p, ids in prompts
         ]
-    warm = prompts[0][1]
-    run_ar(warm, 16), run_spec(warm, 16)
     runners: dict[str, Runner] = {"ar": run_ar, "spec": run_spec}
-    config = {"drafter": str(drafter), "repeats": repeats, **spec_kwargs}
+    if stock is not None:
+        runners["stock"] = stock.run
+    warm_generations(list(runners.values()), warm_ids(tokenizer, use_template))
+    config: dict[str, Any] = {"drafter": str(drafter), "repeats": repeats, **spec_kwargs}
+    if stock is not None:
+        config["stock"] = stock.describe()
     peer_k = 0
     if peer is not None:
         runners["peer"], peer_k, config["peer"] = setup_peer(

@@ -74,7 +74,8 @@ def timed(stream: Iterable[Any]) -> Run:
         tokens = tokens[:-1] if last.text == "" else tokens  # EOS is not output
     n_after = len(tokens) - first_step_tokens
     dt = t_end - (t_first or t_end)
-    stats = last.stats.summary() if getattr(last, "stats", None) is not None else {}
+    summary = getattr(last, "stats", None)
+    stats = summary.summary() if summary is not None else {}
     return Run(tokens, t_end - t0, n_after / dt if dt > 0 and n_after > 0 else 0.0, stats, wire)
 
 

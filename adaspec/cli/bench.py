@@ -1,8 +1,11 @@
-"""`adaspec bench`: AR (mlx-lm) vs adaspec per prompt of a suite, interleaved, medians."""
+"""`adaspec bench`: AR (mlx-lm) vs adaspec per prompt of a suite, interleaved, medians; peers:
+mlx-lm's speculative decoding, stock mlx-lm in a process of its own."""
 
 from __future__ import annotations
 
 import argparse
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 from .common import add_model_flags, drafter_plan, load_model, sampling_kwargs
 
@@ -42,8 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--peer",
         default=None,
-        metavar="mlx-lm-spec",
-        help="add mlx-lm's own speculative decoding as a third column, interleaved",
+        metavar="mlx-lm-spec|mlx-lm-stock",
+        help="add a peer's columns, interleaved: mlx-lm-spec (mlx-lm's own speculative "
+        "decoding, in this process), mlx-lm-stock (stock mlx-lm in a process that never "
+        "imports adaspec: the mlx wheel's own BLAS and kernels, the model's fp32 expansion); "
+        "both: joined by a comma",
     )
     p.add_argument(
         "--peer-draft",
@@ -67,11 +73,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import settings as settings_mod
     from ..bench import load_suite
+    from ..bench.peer import peer_names
     from ..distributed import run_ranks
     from ..errors import GenerationArgumentError
 
     if args.repeats < 1:
         raise GenerationArgumentError(f"--repeats={args.repeats} is invalid; accepted: >= 1")
+    peer_names(args.peer)  # an unknown peer fails before the model loads
     if args.plot:  # fail before the run, not after it
         from ..bench.plot import pyplot
 
@@ -82,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     return run_ranks(model, tokenizer, kind, lambda: _run(args, suite, model, tokenizer))
 
 
-def _run(args: argparse.Namespace, suite: list, model, tokenizer) -> int:
+def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> int:
     from ..bench import SHIPPED, markdown, run_suite, save
     from ..distributed.shard import sharding
     from ..errors import GenerationArgumentError
@@ -90,21 +98,23 @@ def _run(args: argparse.Namespace, suite: list, model, tokenizer) -> int:
     drafter = drafter_plan(args, model, tokenizer)
     if args.peer is not None and sharding(model) is not None:
         raise GenerationArgumentError(
-            "--peer runs mlx-lm's speculative decoding, which has no sharded form; accepted "
-            "on a sharded target: no --peer"
+            "--peer runs mlx-lm on the whole model in one process, beside a target split over "
+            "ranks; accepted on a sharded target: no --peer"
         )
     peer = _peer(args, drafter)
-    result = run_suite(
-        model,
-        tokenizer,
-        suite,
-        drafter=drafter,
-        repeats=args.repeats,
-        max_tokens=args.max_tokens,
-        spec_kwargs=sampling_kwargs(args),
-        use_template=not args.ignore_chat_template,
-        peer=peer,
-    )
+    with _stock(args) as stock:
+        result = run_suite(
+            model,
+            tokenizer,
+            suite,
+            drafter=drafter,
+            repeats=args.repeats,
+            max_tokens=args.max_tokens,
+            spec_kwargs=sampling_kwargs(args),
+            use_template=not args.ignore_chat_template,
+            peer=peer,
+            stock=stock,
+        )
     suite_name = args.suite or str(SHIPPED)
     result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
     shard = sharding(model)
@@ -141,16 +151,28 @@ def select(suite: list, category: list[str], grounded: str | None, limit: int | 
     return suite
 
 
-def _peer(args: argparse.Namespace, drafter):
-    """The --peer configuration (its draft model loaded once, with fp32 weights as mlx-lm
-    reads them, and shared with a drafter that drafts from those); `drafter` is the plan in
-    use (--drafter or the model's default): its draft-model arm names the default draft."""
-    from ..bench.peer import PeerConfig, check_peer
+def _stock(args: argparse.Namespace) -> AbstractContextManager[Any]:
+    """The stock mlx-lm worker when --peer names mlx-lm-stock (started, its model loaded),
+    else nothing; closed when the block ends."""
+    from ..bench.peer import peer_names
+    from ..bench.stock import NAME, StockPeer, stock_source
+
+    if NAME not in peer_names(args.peer):
+        return nullcontext()
+    return StockPeer(stock_source(args.model), sampling_kwargs(args))
+
+
+def _peer(args: argparse.Namespace, drafter: Any) -> Any:
+    """The --peer mlx-lm-spec configuration, or None (its draft model loaded once, with fp32
+    weights as mlx-lm reads them, and shared with a drafter that drafts from those); `drafter`
+    is the plan in use (--drafter or the model's default): its draft-model arm names the
+    default draft."""
+    from ..bench.peer import SPEC_PEER, PeerConfig, check_peer, peer_names
     from ..drafters.draft_model import load_shared
     from ..errors import GenerationArgumentError
     from ..settings import get
 
-    if args.peer is None:
+    if SPEC_PEER not in peer_names(args.peer):
         return None
     draft = args.peer_draft
     arm = drafter.find("draft-model")

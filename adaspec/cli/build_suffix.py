@@ -45,11 +45,11 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if not args.model:
             raise DrafterError("--text needs --model (its tokenizer); accepted: a model name")
-        from ..api import load
         from ..drafters.suffix_store import target_key
         from ..targets.base import target_info
+        from ..targets.loader import load
 
-        model, tok = load(args.model)
+        model, tok = load(args.model, warmup=False)  # its tokenizer is what is used
         seqs = [tok.encode(Path(f).read_text(), add_special_tokens=False) for f in args.text]
         target = target_key(target_info(model, tok))
     path = save_data(args.out, seqs, target)
