@@ -18,7 +18,7 @@ from .policy.controller import DecodeConfig, Decoder, TokenEvent, decode
 from .policy.plan import NeverSpeculate, SpecPolicy
 from .policy.stats import GenerationStats, StepStats
 from .sampling_params import SamplingParams
-from .targets import make_target
+from .targets import target_for
 
 
 @dataclass
@@ -148,14 +148,7 @@ class PromptCache:
 
     def reset(self) -> None:
         """Forget the held tokens: a fresh target cache; the arms restart at the next prefill."""
-        s = self.settings
-        self.target = make_target(
-            self.model,
-            self.tokenizer,
-            prefill_step=s.prefill_step,
-            rollback=s.rollback,
-            pieces=s.forward_pieces,
-        )
+        self.target = target_for(self.model, self.tokenizer, self.settings)
         self.tokens: list[int] = []
 
 
@@ -236,17 +229,7 @@ def start_decoder(
     ids = encode_prompt(tokenizer, prompt)
     pc = prompt_cache
     _check_cache(pc, model, drafter)
-    target = (
-        pc.target
-        if pc
-        else make_target(
-            model,
-            tokenizer,
-            prefill_step=settings.prefill_step,
-            rollback=settings.rollback,
-            pieces=settings.forward_pieces,
-        )
-    )
+    target = pc.target if pc else target_for(model, tokenizer, settings)
     params = SamplingParams(temp, top_p, top_k, min_p, min_tokens_to_keep).check(
         target.info.vocab_size
     )

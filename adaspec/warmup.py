@@ -97,20 +97,14 @@ def warm_up(
 
     from .policy.controller import DecodeConfig, Decoder, decode
     from .policy.plan import AlwaysSpeculate, NeverSpeculate
-    from .targets import make_target
+    from .targets import target_for
 
     t0 = time.perf_counter()
     settings = settings or get_settings()
     params = sampling or SamplingParams()
 
     def target() -> Any:
-        return make_target(
-            model,
-            tokenizer,
-            prefill_step=settings.prefill_step,
-            rollback=settings.rollback,
-            pieces=settings.forward_pieces,
-        )
+        return target_for(model, tokenizer, settings)
 
     first = target()
     ids = warm_prompt(first.info.vocab_size)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the loaders import this package: it stays free of mlx until a target is made
+    from ..settings import Settings
     from .base import Target
 
 
@@ -28,6 +29,17 @@ def make_target(
     target = _adapter(model, tokenizer, prefill_step, rollback)
     target.pieces = pieces  # type: ignore[attr-defined]
     return target
+
+
+def target_for(model: Any, tokenizer: Any, settings: Settings) -> Target:
+    """`make_target` with the prefill chunk, rollback strategy and pieces of `settings`."""
+    return make_target(
+        model,
+        tokenizer,
+        prefill_step=settings.prefill_step,
+        rollback=settings.rollback,
+        pieces=settings.forward_pieces,
+    )
 
 
 def _adapter(model: Any, tokenizer: Any, prefill_step: int, rollback: str) -> Target:
