@@ -53,8 +53,9 @@ def test_speculative_sampling_matches_target_joint_distribution(case):
 
 def test_same_seed_same_tokens():
     params = sampling.SamplingParams(temp=1.0)
-    run = lambda: sample_joint(lambda: StochasticDrafter(Q), params, 20, seed0=42)  # noqa: E731
+    run = lambda s=42: sample_joint(lambda: StochasticDrafter(Q), params, 20, seed0=s)  # noqa: E731
     assert (run() == run()).all()
+    assert not (run() == run(43)).all()  # the seed decides: another one samples otherwise
 
 
 V4, L4 = 4, 4
