@@ -1,6 +1,6 @@
 """`adaspec doctor`: what this machine gives a speculative decoder (BLAS, GFLOP/s, verify cost).
 
-The verify-cost ratio (16-token forward / 1-token forward) bounds every speedup (DESIGN §6).
+The verify-cost ratio (16-token forward / 1-token forward) bounds every speedup (docs/speed.md).
 """
 
 from __future__ import annotations

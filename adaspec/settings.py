@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     dflash_block: int = Field(0, ge=0, le=64)
     dflash_ctx_window: int = Field(2048, ge=16, le=1 << 20)
     dflash_ctx_sink: int = Field(4, ge=0, le=1024)
-    # Gates (DESIGN §5): which are active (a comma-separated list, or off), and their thresholds
+    # Gates (docs/gates.md): which are active (a comma-separated list, or off), and their thresholds
     gate: str = "commit"
     gate_ar_p1: float = Field(0.90, gt=0, le=1)
     gate_tie_p1: float = Field(0.45, ge=0, le=1)

@@ -73,7 +73,7 @@ def random_smollm2():
 
 def interleaved_ms(fns: dict[str, Callable[[], None]], reps: int) -> dict[str, dict[str, float]]:
     """Median and min ms of each fn, run round-robin so load changes hit every one alike
-    (DESIGN §8); the min is the least disturbed by other processes on a shared machine."""
+    (docs/benchmarks.md); the min is the least disturbed by other processes on a shared machine."""
     for fn in fns.values():
         for _ in range(2):
             fn()

@@ -1,5 +1,5 @@
 """Tiny random-weight DFlash drafters over the tiny targets, and a plain numpy re-computation of
-one drafter forward written from the specification (DESIGN §3)."""
+one drafter forward written from the specification (docs/training.md)."""
 
 from __future__ import annotations
 

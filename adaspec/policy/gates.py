@@ -1,8 +1,8 @@
 """Gates: each decides, from the speculative steps it has seen, whether speculating still pays,
 and floors (the policy decodes plainly, then probes again) when it does not. A gate is an object
 with one interface (`Gate`); its maths are pure state machines, state + observation in, (state,
-floor?) out. No clocks here: the controller measures times and passes the numbers in (DESIGN §5,
-lucebox defaults). `ADASPEC_GATE` names the active gates from `REGISTRY`."""
+floor?) out. No clocks here: the controller measures times and passes the numbers in (docs/gates.md;
+lucebox's defaults). `ADASPEC_GATE` names the active gates from `REGISTRY`."""
 
 from __future__ import annotations
 

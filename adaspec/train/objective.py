@@ -1,5 +1,5 @@
-"""The DFlash training objective as pure numpy: random anchors, the block labels from the
-target's greedy predictions, the block attention mask, position weights, and tau (DESIGN §3)."""
+"""The DFlash training objective as pure numpy (docs/training.md): random anchors, the block
+labels from the target's greedy predictions, the block attention mask, position weights, tau."""
 
 from __future__ import annotations
 
