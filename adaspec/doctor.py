@@ -268,18 +268,18 @@ def _gemm_columns(row: dict[str, Any]) -> str:
 
 def _type_lines(by_type: list[dict[str, Any]], read_gbs: float) -> list[str]:
     """Per stored weight type, a 1-token step's GEMMs on it against streaming its bytes once"""
-    out = []
+    from .kernels import roofline
+
+    if not by_type:
+        return []
+    out = ["stored types  GEMMs of a 1-token step on each weight type (the kernel's clock)"]
     for r in by_type:
-        floor = f", {r['ms'] / (r['mb'] / read_gbs):.2f}x the floor" if read_gbs > 0 else ""
+        floor = f", {roofline.floor_ratio(r, read_gbs):.2f}x the floor" if read_gbs > 0 else ""
         out.append(
             f"  {r['type']:<5} {r['mb']:7.0f} MB in {r['ms']:6.2f} ms per 1-token step: "
             f"{r['gbs']:5.1f} GB/s{floor}"
         )
-    return (
-        ["stored types  GEMMs of a 1-token step on each weight type (the kernel's clock)"] + out
-        if out
-        else []
-    )
+    return out
 
 
 def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:

@@ -82,7 +82,7 @@ def main() -> None:
         print("| stored type | MB per step | GEMM ms per 1-token step | GB/s | x the floor |")
         print("|---|---|---|---|---|")
     for r in times["by_type"]:
-        floor = r["ms"] / (r["mb"] / limits.read_gbs)
+        floor = roofline.floor_ratio(r, limits.read_gbs)
         print(f"| {r['type']} | {r['mb']:.0f} | {r['ms']:.2f} | {r['gbs']:.1f} | {floor:.2f} |")
     if a.json:
         out = {

@@ -857,7 +857,7 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
   unsigned long t = now_ns();
   int to = 0;
-  const standin_t *s = standin_find(b);
+  const standin_t *s = standin_find(b), *typed = 0; /* typed: a stand-in the kernel read */
   int plain = order == ROW_MAJOR && ta == NO_TRANS && tb == TRANS;
   if (s && !(plain && s->n == n && s->k == k && s->ld == ldb)) {
     if (s->exact) refuse(s, plain ? "another shape or stride" : "a transposed or column-major operand");
@@ -870,12 +870,8 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
   } else if (m <= own_rows && plain) {
     source_t src = s ? (source_t){s->type, s->data, s->row_bytes} : FP32;
     kernel(m, n, k, alpha, a, lda, b, src, ldb, beta, c, ldc);
-    if (s) {
-      atomic_fetch_add(s->exact ? &stored_calls[0] : &shadow_calls, 1);
-      atomic_fetch_add(&by_type[s->type & 31][0], 1);
-      atomic_fetch_add(&by_type[s->type & 31][1], now_ns() - t);
-      atomic_fetch_add(&by_type[s->type & 31][2], (unsigned long)n * s->row_bytes);
-    }
+    if (s) atomic_fetch_add(s->exact ? &stored_calls[0] : &shadow_calls, 1);
+    typed = s;
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
     rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -883,8 +879,14 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
     to = 1;
     wide_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
+  unsigned long dt = now_ns() - t;
   routed[to]++;
-  atomic_fetch_add(&routed_ns[to], now_ns() - t);
+  atomic_fetch_add(&routed_ns[to], dt);
+  if (typed) {
+    atomic_fetch_add(&by_type[typed->type & 31][0], 1);
+    atomic_fetch_add(&by_type[typed->type & 31][1], dt);
+    atomic_fetch_add(&by_type[typed->type & 31][2], (unsigned long)n * typed->row_bytes);
+  }
 }
 
 void cblas_dgemm(int order, int ta, int tb, int m, int n, int k, double alpha, const double *a,

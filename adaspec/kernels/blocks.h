@@ -8,11 +8,13 @@
  * numpy operation. A multiply followed by an add or subtract must round twice, as numpy does,
  * so the product passes through ROUNDED (an empty asm the compiler cannot fuse across).
  *
- * A row of B is dequantized NR rows at a time into a scratch tile that the fp32 kernel's tile
- * reads (tile_any: all row groups of A, the same sums in the same order as on the fp32
- * expansion), so a token row's result equals the fp32 kernel's bit for bit and so does not
- * depend on the number of rows. Every type's row length is a multiple of 32 elements and W
- * (8 or 16) divides 32, so a vector never straddles two blocks and K has no tail. */
+ * Up to MR rows of A, the values are widened in registers and multiplied at once (the fused
+ * tile); more rows share NR rows of B widened into a scratch tile that the fp32 kernel's tile
+ * reads (tile_any). Both keep the fp32 kernel's sums in its order (lane l adds k = l mod W in
+ * increasing k, then VHSUM), so a token row's result equals the fp32 kernel's on the expansion
+ * bit for bit and does not depend on the number of rows. Every type's row length is a multiple
+ * of 32 elements and W (8 or 16) divides 32, so a vector never straddles two blocks and K has
+ * no tail. */
 
 #define ROUNDED(v) VKEEP(v)
 #define NV (32 / W) /* vectors per 32 elements */

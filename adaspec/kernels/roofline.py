@@ -91,6 +91,11 @@ def by_type(run: Any, repeats: int, read_gbs: float | None = None) -> list[dict[
         secs, nbytes = secs - before[name][1], nbytes - before[name][2]
         ms, mb = secs * 1e3 / repeats, nbytes / 1e6 / repeats
         row = {"type": name, "mb": mb, "ms": ms, "gbs": nbytes / secs / 1e9 if secs else 0.0}
-        row["floor_ratio"] = ms / (mb / read_gbs) if read_gbs else None
+        row["floor_ratio"] = floor_ratio(row, read_gbs) if read_gbs else None
         out.append(row)
     return sorted(out, key=lambda r: -r["ms"])
+
+
+def floor_ratio(row: dict[str, Any], read_gbs: float) -> float:
+    """A `by_type` row's time against streaming its bytes once at `read_gbs` (1.0: the floor)."""
+    return float(row["ms"] / (row["mb"] / read_gbs))
