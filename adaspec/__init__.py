@@ -32,7 +32,7 @@ _LAZY = {
     "load": ("adaspec.targets.loader", "load"),
     "warm_up": ("adaspec.warmup", "warm_up"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
-    "make_drafter": ("adaspec.drafters.plan", "make"),
+    "make_drafter": ("adaspec.drafters.arms", "make"),
     "Draft": ("adaspec.drafters.base", "Draft"),
     "DraftModel": ("adaspec.drafters.base", "DraftModel"),
 }

@@ -11,12 +11,12 @@ import mlx.core as mx
 import numpy as np
 
 from . import settings as settings_mod
+from .drafters.arms import DrafterPlan
 from .drafters.base import DraftModel
-from .drafters.plan import DrafterPlan
 from .errors import DrafterMismatchError, GenerationArgumentError
-from .policy.controller import DecodeConfig, Decoder, TokenEvent, decode
-from .policy.plan import NeverSpeculate, SpecPolicy
-from .policy.stats import GenerationStats, StepStats
+from .loop.controller import DecodeConfig, Decoder, TokenEvent, decode
+from .loop.plan import NeverSpeculate, SpecPolicy
+from .loop.stats import GenerationStats, StepStats
 from .sampling_params import SamplingParams
 from .targets import target_for
 
@@ -72,7 +72,7 @@ def resolve_drafters(
     """The arms `drafter` names: a spec ("pld", "pld+dflash:DIR", "auto", "none", made a
     DrafterPlan here), a DrafterPlan, a DraftModel, or a list of those; checked against the
     target's vocabulary."""
-    from .drafters.plan import plan
+    from .drafters.arms import plan
 
     if drafter is None:
         return []

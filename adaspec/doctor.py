@@ -167,8 +167,8 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
 def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, Any]:
     """The `suffix` drafter's index for this model (as `auto` builds it): tokens, memory,
     time to build or load it, and the median time of a draft over its own sequences."""
+    from .drafters.arms import make
     from .drafters.base import DraftContext
-    from .drafters.plan import make
     from .drafters.suffix import SuffixDrafter
     from .targets.base import target_info
 

@@ -95,8 +95,8 @@ def warm_up(
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    from .policy.controller import DecodeConfig, Decoder, decode
-    from .policy.plan import AlwaysSpeculate, NeverSpeculate
+    from .loop.controller import DecodeConfig, Decoder, decode
+    from .loop.plan import AlwaysSpeculate, NeverSpeculate
     from .targets import target_for
 
     t0 = time.perf_counter()

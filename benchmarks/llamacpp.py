@@ -187,7 +187,7 @@ def adaspec_runners(
 
     from adaspec import load, stream_generate
     from adaspec.bench.timing import timed
-    from adaspec.drafters.plan import default_spec
+    from adaspec.drafters.arms import default_spec
     from adaspec.targets.base import target_info
 
     model, tok = load(model_name)

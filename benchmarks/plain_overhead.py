@@ -10,7 +10,7 @@ import time
 
 import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec.api import stream_generate
-from adaspec.policy.controller import NeverSpeculate
+from adaspec.loop.controller import NeverSpeculate
 from adaspec.prompting import messages_for, prompt_ids
 from adaspec.targets.loader import load
 

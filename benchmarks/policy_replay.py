@@ -22,7 +22,7 @@ from typing import Any
 
 import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec import api
-from adaspec.policy.stats import StepStats
+from adaspec.loop.stats import StepStats
 from adaspec.settings import from_env
 
 

@@ -254,7 +254,7 @@ def accept_speed(arch: str, draft: int, n_tokens: int, reps: int) -> None:
 
     from adaspec.api import stream_generate
     from adaspec.bench.timing import timed
-    from adaspec.policy.controller import AlwaysSpeculate
+    from adaspec.loop.controller import AlwaysSpeculate
     from adaspec.settings import from_env
 
     model, tok = build(arch), smollm2_tokenizer()

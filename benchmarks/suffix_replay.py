@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from adaspec.drafters.arms import plan as drafter_plan  # noqa: E402
 from adaspec.drafters.base import DraftContext  # noqa: E402
-from adaspec.drafters.plan import plan as drafter_plan  # noqa: E402
 from adaspec.drafters.spec import validate  # noqa: E402
 from adaspec.drafters.suffix import SuffixDrafter  # noqa: E402
 from adaspec.drafters.suffix_index import SuffixIndex  # noqa: E402

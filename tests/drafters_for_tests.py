@@ -7,7 +7,7 @@ import numpy as np
 
 from adaspec.drafters.base import Draft, DraftContext
 from adaspec.errors import DrafterError
-from adaspec.policy.controller import Decoder, decode
+from adaspec.loop.controller import Decoder, decode
 
 
 class ListDrafter:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.errors import DrafterError
-from adaspec.policy.acceptance import (
+from adaspec.loop.acceptance import (
     accept_greedy,
     accept_rejection,
     accept_sample_match,

@@ -15,16 +15,16 @@ from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
 
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash, shipped
+from adaspec.drafters.arms import default_spec, make, make_arms
 from adaspec.drafters.base import Draft
 from adaspec.drafters.dflash import DFlashDrafter
-from adaspec.drafters.plan import default_spec, make, make_arms
 from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.suffix import SuffixDrafter
 from adaspec.errors import DrafterError
+from adaspec.loop.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
+from adaspec.loop.stats import StepStats
 from adaspec.policy import floor
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
-from adaspec.policy.stats import StepStats
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget
 
@@ -143,13 +143,13 @@ def test_the_policy_prices_each_arm_apart():
         pol.observe(plain())
     for _ in range(10):  # free copies, all accepted
         pol.observe(drafted(0, 8, 8, 1e-4, 0.09))
-    copies, model = pol.sizer.length
+    copies, model = pol.estimates.length
     assert model.accept == () and copies.accept[0] > 0.9
     for _ in range(10):  # a model drafter: 0.04 s per token, mostly rejected
         pol.observe(drafted(1, 2, 0, 0.08, 0.06))
     plan = dict(pol.plan().arms)
     assert plan[1] < plan[0]
-    assert pol.sizer.length[0].draft_cost < 1e-3 < pol.sizer.length[1].draft_cost
+    assert pol.estimates.length[0].draft_cost < 1e-3 < pol.estimates.length[1].draft_cost
 
 
 def test_an_arm_gives_way_when_a_later_one_commits_more_per_second():
@@ -219,8 +219,8 @@ def held_lone_arm() -> GatedPolicy:
         pol.observe(plain())
     for _ in range(4):
         pol.observe(HIT)
-    pol.sizer.length[0] = replace(
-        pol.sizer.length[0], slow=(0.05, 0.05)
+    pol.estimates.length[0] = replace(
+        pol.estimates.length[0], slow=(0.05, 0.05)
     )  # stale: learnt before a floor
     assert pol.arms.loses_to_plain(0, pol.clock.t_ar)
     pol.arms.held[0] = floor.on_floor(probe, pol.arms.held[0])
@@ -253,7 +253,7 @@ def test_a_held_arms_probe_is_judged_on_its_own_steps(probe, lost_at):
             return
         assert not h.floored
     assert pol.arms.held[0].probes_won == 1 and not pol.arms.held[0].probing
-    assert pol.sizer.length[0].slow == pol.sizer.length[0].accept
+    assert pol.estimates.length[0].slow == pol.estimates.length[0].accept
     for s in probe[3:]:  # after a won probe the arm is judged by its estimate again
         pol.observe(s)
     assert not pol.arms.loses_to_plain(0, pol.clock.t_ar) and not pol.arms.held[0].floored
@@ -281,11 +281,11 @@ def test_a_floor_is_lifted_by_a_strong_copy_and_costly_arms_are_not_peeked(arch)
         assert pol.lifts == int(strong) and pol.floor.floored is not strong
         assert len(calls) == int(not strong)  # PLD came first; a lift ends the look
         if not strong:
-            pol.sizer.length[1] = pol.sizer.length[1].__class__(
+            pol.estimates.length[1] = pol.estimates.length[1].__class__(
                 draft_cost=0.01
             )  # 20% of a plain step
             assert pol.plan().peek == (0,)
-    assert not math.isnan(pol.sizer.length[0].draft_cost)
+    assert not math.isnan(pol.estimates.length[0].draft_cost)
 
 
 def test_specs_with_several_arms_and_auto(tmp_path):

@@ -113,7 +113,7 @@ def _args(**kw) -> argparse.Namespace:
 
 
 def test_cli_peer_arguments_are_checked():
-    from adaspec.drafters.plan import plan
+    from adaspec.drafters.arms import plan
     from adaspec.settings import from_env
     from adaspec.targets.base import target_info
 

@@ -15,18 +15,18 @@ from tiny import VOCAB, ar_greedy
 
 from adaspec.drafters.base import Draft
 from adaspec.errors import DrafterError
-from adaspec.policy import floor, gates
-from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.arms import HoldConfig
-from adaspec.policy.clock import ClockConfig
-from adaspec.policy.controller import (
+from adaspec.loop.controller import (
     AlwaysSpeculate,
     DecodeConfig,
     Decoder,
     NeverSpeculate,
     decode,
 )
-from adaspec.policy.plan import Plan
+from adaspec.loop.plan import Plan
+from adaspec.policy import floor, gates
+from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
+from adaspec.policy.arm_choice import HoldConfig
+from adaspec.policy.clock import ClockConfig
 from adaspec.targets.kv import KVTarget
 
 

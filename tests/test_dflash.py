@@ -25,8 +25,8 @@ from adaspec.drafters import dflash
 from adaspec.drafters.base import DraftModel
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.errors import DrafterError
-from adaspec.policy import sampling
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.loop import sampling
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget
 

@@ -12,7 +12,7 @@ from tiny_dflash import ctx, tiny_drafter
 
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash
-from adaspec.drafters.plan import make
+from adaspec.drafters.arms import make
 from adaspec.errors import DrafterError, DrafterMismatchError, ModelLoadError
 from adaspec.targets.base import target_info
 

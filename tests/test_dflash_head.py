@@ -19,12 +19,12 @@ from tiny_dflash import ctx, tiny_drafter
 import adaspec
 from adaspec import settings as settings_mod
 from adaspec.drafters import dflash, shipped
+from adaspec.drafters.arms import make
 from adaspec.drafters.dflash import DFlashDrafter
 from adaspec.drafters.dflash_checkpoint import read_checkpoint, save_model, write_head_tokens
-from adaspec.drafters.plan import make
 from adaspec.drafters.restricted_head import HEAD_KEY, check_head_tokens, select_head_tokens
 from adaspec.errors import DrafterError
-from adaspec.policy import sampling
+from adaspec.loop import sampling
 from adaspec.targets.base import target_info
 
 TARGETS = {a: tiny_model(a) for a in ("llama", "qwen3")}

@@ -12,14 +12,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from strategies import prompts
 from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
+from adaspec.drafters.arms import make as make_drafter
+from adaspec.drafters.arms import make_arms
 from adaspec.drafters.base import DraftContext, DraftModel
 from adaspec.drafters.draft_model import ENTRY, DraftLM
-from adaspec.drafters.plan import make as make_drafter
-from adaspec.drafters.plan import make_arms
 from adaspec.drafters.spec import parse_arm
 from adaspec.errors import DrafterError, DrafterMismatchError
-from adaspec.policy import sampling
-from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
+from adaspec.loop import sampling
+from adaspec.loop.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.settings import from_env
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget

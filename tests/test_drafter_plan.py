@@ -8,7 +8,7 @@ from tiny import byte_tokenizer, tiny_model
 import adaspec
 from adaspec import settings as settings_mod
 from adaspec.drafters import registry
-from adaspec.drafters.plan import DrafterPlan, check, plan
+from adaspec.drafters.arms import DrafterPlan, check, plan
 from adaspec.errors import DrafterError
 from adaspec.targets.base import target_info
 

@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from adaspec.errors import SettingsError
+from adaspec.loop.stats import StepStats
 from adaspec.policy import floor, gates
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.policy.clock import ArClock, ClockConfig
-from adaspec.policy.stats import StepStats
 from adaspec.settings import from_env
 
 C = gates.CommitConfig()
@@ -393,11 +393,11 @@ def test_a_new_generation_keeps_what_was_measured_and_starts_gates_afresh():
         pol.observe(StepStats(committed=1, verify_s=T_AR))
     for _ in range(12):  # a losing drafter: floored, with its acceptance and costs measured
         pol.observe(StepStats(committed=1, verify_s=3 * T_AR, drafted=4, arm=0, draft_s=T_AR))
-    assert pol.floor.floored and pol.floor.floors >= 1 and pol.sizer.length[0].accept
-    learned, t_ar = pol.sizer.length[0], pol.clock.t_ar
+    assert pol.floor.floored and pol.floor.floors >= 1 and pol.estimates.length[0].accept
+    learned, t_ar = pol.estimates.length[0], pol.clock.t_ar
     pol.start(["d"])  # the next turn, same arm
-    assert pol.sizer.length[0] == learned and pol.clock.t_ar == t_ar
+    assert pol.estimates.length[0] == learned and pol.clock.t_ar == t_ar
     assert pol.floor == floor.FloorState() and pol.arms.held == [floor.FloorState()]
     assert pol.gates[0].state == gates.CommitState() and pol.clock.plain_seen == 0
     pol.start(["other"])  # other arms: nothing carries
-    assert pol.sizer.length[0] == type(learned)()
+    assert pol.estimates.length[0] == type(learned)()

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from adaspec.drafters.arms import make
 from adaspec.drafters.base import DraftContext
-from adaspec.drafters.plan import make
 from adaspec.drafters.pld import PromptLookup
 from adaspec.errors import DrafterError
 from adaspec.settings import Settings

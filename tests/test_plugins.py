@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.drafters import plugins, registry
-from adaspec.drafters.plan import make_arms
+from adaspec.drafters.arms import make_arms
 from adaspec.errors import DrafterError, PluginError
 
 ROOT = Path(__file__).resolve().parent.parent

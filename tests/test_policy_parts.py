@@ -1,4 +1,4 @@
-"""Tier 1/2: the adaptive policy's parts one by one (the plain-step clock, the draft sizer, the
+"""Tier 1/2: the adaptive policy's parts one by one (the plain-step clock, the draft est, the
 arm scheduler, the gate list), what ADASPEC_GATE turns on and off, and a gate defined here,
 chosen by ADASPEC_GATE and run in a real decode."""
 
@@ -13,14 +13,14 @@ from tiny import ar_greedy
 
 from adaspec import settings as settings_mod
 from adaspec.errors import SettingsError
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
+from adaspec.loop.plan import FLOOR, MEASURE, UNLIMITED
+from adaspec.loop.stats import StepStats
 from adaspec.policy import draft_length, floor, gates, tree_size
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.arms import ArmScheduler, HoldConfig
+from adaspec.policy.arm_choice import ArmScheduler, HoldConfig
 from adaspec.policy.clock import ArClock, ClockConfig
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
-from adaspec.policy.plan import FLOOR, MEASURE, UNLIMITED
-from adaspec.policy.sizing import DraftSizer
-from adaspec.policy.stats import StepStats
+from adaspec.policy.estimates import ArmEstimates
 from adaspec.settings import from_env
 from adaspec.targets.kv import KVTarget
 
@@ -69,40 +69,40 @@ def test_a_clock_without_a_config_never_asks_but_still_times_plain_steps():
     assert clock.t_ar == 0.02 and clock.plain_seen == 0
 
 
-# --- the draft sizer
+# --- the draft est
 
 
-def test_the_sizer_learns_plain_steps_for_every_arm_and_a_draft_for_its_own():
-    sizer = DraftSizer(draft_length.LengthConfig(), tree_size.TreeSizeConfig())
-    sizer.start(2, same_arms=False)
-    sizer.observe(plain())
-    sizer.observe(plain())
-    assert [s.steps for s in sizer.length] == [2, 2]
-    sizer.observe(spec(arm=1, k=4, accepted=4, draft_s=0.004))
-    assert [s.steps for s in sizer.length] == [2, 3]
-    assert sizer.judged(1) and not sizer.judged(0) and sizer.timed(1) and not sizer.timed(0)
-    sizer.start(2, same_arms=True)
-    assert sizer.length[1].steps == 3  # the same arms keep what was measured
-    sizer.start(2, same_arms=False)
-    assert sizer.length[1].steps == 0
+def test_the_estimates_learns_plain_steps_for_every_arm_and_a_draft_for_its_own():
+    est = ArmEstimates(draft_length.LengthConfig(), tree_size.TreeSizeConfig())
+    est.start(2, same_arms=False)
+    est.observe(plain())
+    est.observe(plain())
+    assert [s.steps for s in est.length] == [2, 2]
+    est.observe(spec(arm=1, k=4, accepted=4, draft_s=0.004))
+    assert [s.steps for s in est.length] == [2, 3]
+    assert est.judged(1) and not est.judged(0) and est.timed(1) and not est.timed(0)
+    est.start(2, same_arms=True)
+    assert est.length[1].steps == 3  # the same arms keep what was measured
+    est.start(2, same_arms=False)
+    assert est.length[1].steps == 0
 
 
-def test_without_a_length_rule_the_sizer_caps_nothing_and_learns_nothing():
-    sizer = DraftSizer(None, tree_size.TreeSizeConfig())
-    sizer.start(1, same_arms=False)
-    sizer.observe(spec())
-    assert sizer.choose_k(0) == UNLIMITED and sizer.length[0].steps == 0
-    assert sizer.rate(0) is None
+def test_without_a_length_rule_the_estimates_cap_nothing_and_learns_nothing():
+    est = ArmEstimates(None, tree_size.TreeSizeConfig())
+    est.start(1, same_arms=False)
+    est.observe(spec())
+    assert est.choose_k(0) == UNLIMITED and est.length[0].steps == 0
+    assert est.rate(0) is None
 
 
 def test_the_tree_budget_is_credited_to_the_arm_it_was_planned_for():
-    sizer = DraftSizer(draft_length.LengthConfig(), tree_size.TreeSizeConfig(16, auto=True))
-    sizer.start(2, same_arms=False)
-    assert sizer.tree_nodes(1) == 0  # auto tries a chain first
-    sizer.observe(spec(arm=0))  # another arm's step: not credited
-    assert sizer.trees[1].seen == () and sizer.trees[0].seen == ()
-    sizer.observe(spec(arm=1))
-    assert sizer.trees[1].seen[0] == 1
+    est = ArmEstimates(draft_length.LengthConfig(), tree_size.TreeSizeConfig(16, auto=True))
+    est.start(2, same_arms=False)
+    assert est.tree_nodes(1) == 0  # auto tries a chain first
+    est.observe(spec(arm=0))  # another arm's step: not credited
+    assert est.trees[1].seen == () and est.trees[0].seen == ()
+    est.observe(spec(arm=1))
+    assert est.trees[1].seen[0] == 1
 
 
 # --- the arm scheduler
@@ -111,15 +111,15 @@ def test_the_tree_budget_is_credited_to_the_arm_it_was_planned_for():
 def losing_model_arm(holds):
     """A scheduler over one costly arm that commits 1 token per 22 ms against a 10 ms plain
     step."""
-    sizer = DraftSizer(draft_length.LengthConfig(), tree_size.TreeSizeConfig())
-    sizer.start(1, same_arms=False)
-    arms = ArmScheduler(sizer, holds, floor.ProbeConfig(backoff=4), free_cost=0.01)
+    est = ArmEstimates(draft_length.LengthConfig(), tree_size.TreeSizeConfig())
+    est.start(1, same_arms=False)
+    arms = ArmScheduler(est, holds, floor.ProbeConfig(backoff=4), free_cost=0.01)
     arms.start(1)
     for _ in range(3):
-        sizer.observe(plain())
+        est.observe(plain())
         arms.observe(plain(), T_AR)
     step = spec(k=2, accepted=0, draft_s=0.008, verify_s=0.014)
-    sizer.observe(step)
+    est.observe(step)
     arms.observe(step, T_AR)
     return arms
 

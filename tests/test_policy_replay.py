@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from adaspec.api import default_policy
-from adaspec.policy.stats import StepStats
+from adaspec.loop.stats import StepStats
 from adaspec.settings import from_env
 
 DATA = Path(__file__).parent / "data"

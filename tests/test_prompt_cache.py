@@ -11,7 +11,7 @@ from tiny_recurrent import tiny_hybrid
 import adaspec
 from adaspec.drafters.pld import PromptLookup
 from adaspec.errors import GenerationArgumentError
-from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
+from adaspec.loop.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.targets import make_target
 
 TOK = byte_tokenizer()
@@ -134,4 +134,4 @@ def test_a_cache_keeps_its_policy_and_what_it_measured_across_turns():
         ]
         assert out == ar_greedy(model, prompt, len(out))
         prompt = prompt + out + [int(t) for t in b" the cat"]
-    assert pc.policy.names == ["pld"] and pc.policy.sizer.length[0].steps > 0
+    assert pc.policy.names == ["pld"] and pc.policy.estimates.length[0].steps > 0

@@ -20,8 +20,8 @@ from tiny_dflash import assert_context_matches_fresh_prefill, tiny_drafter
 from tiny_recurrent import HYBRIDS, OTHER_CONFIGS, tiny_hybrid, tiny_other
 
 from adaspec.drafters.base import Draft
-from adaspec.policy import sampling
-from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, NeverSpeculate, decode
+from adaspec.loop import sampling
+from adaspec.loop.controller import AlwaysSpeculate, DecodeConfig, Decoder, NeverSpeculate, decode
 from adaspec.targets import make_target
 from adaspec.targets.architectures import available
 from adaspec.targets.replay import ReplayTarget

@@ -7,8 +7,8 @@ from distribution import assert_same, exact_sequences
 from drafters_for_tests import FixedDrafter, StochasticDrafter
 from tiny import tiny_model
 
-from adaspec.policy import sampling
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.loop import sampling
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.kv import KVTarget
 
 V = 8

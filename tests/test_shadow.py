@@ -16,11 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tiny import VOCAB, ar_greedy, byte_tokenizer, save_tiny, tiny_model
 
+from adaspec.drafters.arms import make as make_drafter
 from adaspec.drafters.draft_model import DraftLM
-from adaspec.drafters.plan import make as make_drafter
 from adaspec.errors import DrafterError
 from adaspec.kernels import blas, shadow
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.settings import from_env
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget

@@ -8,7 +8,7 @@ import pytest
 
 import adaspec
 from adaspec.drafters import dflash
-from adaspec.drafters.plan import default_spec
+from adaspec.drafters.arms import default_spec
 from adaspec.prompting import messages_for, prompt_ids
 from adaspec.settings import from_env
 from adaspec.targets.base import layer_list, target_info

@@ -8,22 +8,22 @@ import logging
 from drafters_for_tests import ScriptedDrafter
 from tiny import ar_greedy
 
-from adaspec.policy import floor, gates
-from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.controller import (
+from adaspec.loop.controller import (
     AlwaysSpeculate,
     DecodeConfig,
     Decoder,
     NeverSpeculate,
     decode,
 )
-from adaspec.policy.stats import (
+from adaspec.loop.stats import (
     NEVER_ACCEPTED_STEPS,
     GenerationStats,
     StepStats,
     arm_lines,
     describe,
 )
+from adaspec.policy import floor, gates
+from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
 from adaspec.targets.kv import KVTarget
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -75,7 +75,7 @@ def test_record_counts_each_kind_of_plain_step():
 def test_an_arm_that_keeps_drafting_and_is_never_accepted_is_reported(tiny, caplog):
     ref = ar_greedy(tiny, PROMPT, 40)
     bad = ScriptedDrafter([("random", 4, i) for i in range(5)], ref, len(PROMPT), 260)
-    with caplog.at_level(logging.WARNING, logger="adaspec.policy.controller"):
+    with caplog.at_level(logging.WARNING, logger="adaspec.loop.controller"):
         s = run(tiny, bad, AlwaysSpeculate())
     row = s.by_arm["scripted"]
     assert row["accepted"] == 0 and row["steps"] == 39 > NEVER_ACCEPTED_STEPS  # the last: 1 room
@@ -84,7 +84,7 @@ def test_an_arm_that_keeps_drafting_and_is_never_accepted_is_reported(tiny, capl
     assert f"'scripted' drafted {row['drafted']} tokens in 39 steps and none was" in said[0]
     assert "warning: arm 'scripted'" in describe(s.summary())
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="adaspec.policy.controller"):
+    with caplog.at_level(logging.WARNING, logger="adaspec.loop.controller"):
         good = run(tiny, oracle(tiny), AlwaysSpeculate())
     assert not good.warnings and not caplog.records
 

@@ -11,15 +11,15 @@ from tiny import ar_greedy, tiny_model
 
 from adaspec import settings as settings_mod
 from adaspec.drafters import suffix_store
+from adaspec.drafters.arms import make
 from adaspec.drafters.base import Draft, DraftContext
-from adaspec.drafters.plan import make
 from adaspec.drafters.pld import PromptLookup
 from adaspec.drafters.suffix import SuffixDrafter, context_match
 from adaspec.drafters.suffix_index import SEP, SuffixIndex, pack, walk
 from adaspec.drafters.suffix_store import Library, load_data, save_data
 from adaspec.errors import DrafterError
+from adaspec.loop.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.policy.adaptive import GatedPolicy, PolicyConfig
-from adaspec.policy.controller import AlwaysSpeculate, DecodeConfig, Decoder, decode
 from adaspec.targets.base import TargetInfo, target_info
 from adaspec.targets.kv import KVTarget
 

@@ -13,7 +13,7 @@ from tiny_dflash import ctx, tiny_config, tiny_dflash_model
 
 from adaspec.drafters import dflash
 from adaspec.drafters.dflash import DFlashDrafter
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget
 from adaspec.train.data import (

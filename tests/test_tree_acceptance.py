@@ -10,7 +10,7 @@ from strategies import token_trees
 
 from adaspec.drafters.base import Draft
 from adaspec.errors import DrafterError
-from adaspec.policy.acceptance import (
+from adaspec.loop.acceptance import (
     accept_greedy,
     accept_tree_greedy,
     accept_tree_sample,

@@ -11,8 +11,8 @@ from tiny import VOCAB, ar_greedy, tiny_model
 from tiny_recurrent import tiny_hybrid
 
 from adaspec.drafters.base import Draft, DraftContext
-from adaspec.policy import sampling
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
+from adaspec.loop import sampling
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.targets import make_target
 from adaspec.targets.kv import KVTarget
 

@@ -11,8 +11,8 @@ from adaspec.drafters.base import Draft, DraftContext
 from adaspec.drafters.dflash import best_first
 from adaspec.drafters.draft_model import DraftLM
 from adaspec.drafters.pld import PromptLookup
+from adaspec.loop.controller import DecodeConfig, Decoder, decode
 from adaspec.policy import tree_size
-from adaspec.policy.controller import DecodeConfig, Decoder, decode
 from adaspec.settings import from_env
 from adaspec.targets.base import target_info
 from adaspec.targets.kv import KVTarget

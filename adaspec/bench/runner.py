@@ -16,7 +16,7 @@ from .suite import Prompt
 from .timing import Run, median, timed
 
 if TYPE_CHECKING:
-    from ..drafters.plan import DrafterPlan
+    from ..drafters.arms import DrafterPlan
     from .stock import StockPeer
 
 Runner = Callable[[list[int], int], Run]

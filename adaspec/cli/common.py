@@ -61,7 +61,7 @@ def load_model(name: str):
 def drafter_plan(args: argparse.Namespace, model, tokenizer):
     """--drafter (default: auto) for this model, as a DrafterPlan: parsed, `auto` expanded and
     every arm's arguments checked before anything is generated."""
-    from ..drafters.plan import DEFAULT, plan
+    from ..drafters.arms import DEFAULT, plan
     from ..settings import get
     from ..targets.base import target_info
 

@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace, model: Any, tokenizer: Any) -> int:
         file=sys.stderr,
     )
     if args.verbose:
-        from ..policy.stats import describe
+        from ..loop.stats import describe
 
         for line in describe(s).splitlines():
             print(f"[adaspec] {line}", file=sys.stderr)
@@ -146,7 +146,7 @@ def _compare(
         ),
         file=sys.stderr,
     )
-    from ..policy.stats import arm_lines
+    from ..loop.stats import arm_lines
 
     for line in arm_lines(spec.stats):
         print(f"[compare-ar] {line}", file=sys.stderr)

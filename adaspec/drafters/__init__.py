@@ -1,8 +1,8 @@
 """Drafters: the DraftModel protocol, built-in drafters and the registry."""
 
 from ..targets.base import TargetInfo
+from .arms import DrafterPlan, make, make_arms, plan
 from .base import Draft, DraftContext, DraftModel
-from .plan import DrafterPlan, make, make_arms, plan
 from .registry import names, register
 
 __all__ = [

@@ -1,20 +1,20 @@
 """The adaptive policy, composed of parts: gates that floor when speculating stops paying (an AR
 floor with growing-backoff re-probes), the plain-step clock they and the arm holds are judged
-against, the arm scheduler (ranking, holds) and the draft sizer (draft length, tree size)."""
+against, the arm scheduler (ranking, holds) and the arms' estimates (draft length, tree size)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from ..loop.plan import MEASURE, NO_ARMS, UNLIMITED, Plan
+from ..loop.stats import StepStats, arm_labels
 from ..settings import Settings
 from . import draft_length, gates, tree_size
 from . import floor as fl
-from .arms import ArmScheduler, HoldConfig
+from .arm_choice import ArmScheduler, HoldConfig
 from .clock import ArClock, ClockConfig
-from .plan import MEASURE, NO_ARMS, UNLIMITED, Plan
-from .sizing import DraftSizer
-from .stats import StepStats, arm_labels
+from .estimates import ArmEstimates
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class PolicyConfig:
 class GatedPolicy:
     """SpecPolicy over any number of arms. Each step: speculate unless a gate floored us (then
     decode plainly and re-probe after a growing backoff) or the clock must time plain steps;
-    ask the arms the scheduler picks, in the user's order, each for the length the sizer
+    ask the arms the scheduler picks, in the user's order, each for the length its estimates
     chooses. A gate only decides whether to draft; it never changes which token is emitted."""
 
     def __init__(self, cfg: PolicyConfig | None = None):
@@ -68,8 +68,8 @@ class GatedPolicy:
         self.needs_p1 = any(g.needs_p1 for g in self.gates)
         self.floor = fl.FloorState()
         self.clock = ArClock(self.cfg.clock)
-        self.sizer = DraftSizer(self.cfg.length, self.cfg.tree)
-        self.arms = ArmScheduler(self.sizer, self.cfg.holds, self.cfg.probe, self.cfg.free_cost)
+        self.estimates = ArmEstimates(self.cfg.length, self.cfg.tree)
+        self.arms = ArmScheduler(self.estimates, self.cfg.holds, self.cfg.probe, self.cfg.free_cost)
         self.lifts = 0
         self.names: list[str] = []
         self._config = asdict(self.cfg)  # the config is frozen: summary() reports it per step
@@ -79,7 +79,7 @@ class GatedPolicy:
         the arms (acceptance by position, draft and verify costs, tree rates) and the plain-step
         time are kept when the arms are the same, so a policy reused for the next turn of a
         conversation (a PromptCache keeps its policy) starts from them instead of from priors."""
-        self.sizer.start(len(arms), list(arms) == self.names)
+        self.estimates.start(len(arms), list(arms) == self.names)
         self.names = list(arms)
         self.arms.start(len(arms))
         self.floor = fl.FloorState()
@@ -104,20 +104,20 @@ class GatedPolicy:
             return Plan((), ahead, plain_reason=MEASURE)
         if self.cfg.length is None:
             return Plan(
-                tuple((a, UNLIMITED) for a in range(n)), tree_nodes=self.sizer.tree_nodes(0)
+                tuple((a, UNLIMITED) for a in range(n)), tree_nodes=self.estimates.tree_nodes(0)
             )
         order = self.arms.order()
         if not order:  # every arm held back: plain until the first one's probe, pipelined
             return Plan((), self.arms.plain_ahead())
         return Plan(
-            tuple((a, self.sizer.choose_k(a)) for a in order),
-            tree_nodes=self.sizer.tree_nodes(order[0]),
+            tuple((a, self.estimates.choose_k(a)) for a in order),
+            tree_nodes=self.estimates.tree_nodes(order[0]),
         )
 
     def gains(self, arm: int, k: int) -> tuple[float, ...]:
         """gains[j]: P(draft tokens 0..j of `arm` are all accepted), the expected tokens its
         (j+1)-th drafted token adds (for a batch's budget, serve/batch.py)."""
-        return self.sizer.gains(arm, k)
+        return self.estimates.gains(arm, k)
 
     def lift(self) -> bool:
         if not (self.cfg.lift and fl.can_lift(self.floor)):
@@ -127,11 +127,11 @@ class GatedPolicy:
         return True
 
     def observe_peek(self, arm: int, drafted: int, seconds: float) -> None:
-        self.sizer.observe_peek(arm, drafted, seconds)
+        self.estimates.observe_peek(arm, drafted, seconds)
 
     def observe(self, step: StepStats) -> None:
         self.clock.observe(step)
-        self.sizer.observe(step)
+        self.estimates.observe(step)
         # a draft made as a held arm's probe is judged by that arm's hold alone
         held_probe = self.arms.is_probing(step.arm if step.speculative else None)
         self.arms.observe(step, self.clock.t_ar)
@@ -162,7 +162,7 @@ class GatedPolicy:
             "lifts": self.lifts,
             "arm_floors": {n: h.floors for n, h in zip(names, self.arms.held)},
             "arm_held_steps": dict(zip(names, self.arms.held_steps)),
-            "tree_budgets": dict(zip(names, self.sizer.budgets())),
+            "tree_budgets": dict(zip(names, self.estimates.budgets())),
             "t_ar_ms": round(self.clock.t_ar * 1e3, 3),
             "config": self._config,
         }

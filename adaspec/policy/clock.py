@@ -8,7 +8,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from .stats import StepStats
+from ..loop.stats import StepStats
 
 
 @dataclass(frozen=True)

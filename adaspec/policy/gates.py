@@ -14,7 +14,7 @@ from typing import Protocol
 
 from .. import settings as settings_mod
 from ..errors import SettingsError
-from .stats import StepStats
+from ..loop.stats import StepStats
 
 
 @dataclass(frozen=True)

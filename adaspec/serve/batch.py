@@ -16,9 +16,9 @@ import mlx.core as mx
 
 from ..drafters.base import Draft
 from ..errors import TargetError
+from ..loop.controller import Decoder, StepResult, decode, planned_step
+from ..loop.plan import Plan
 from ..policy.batch_budget import RowCost, split
-from ..policy.controller import Decoder, StepResult, decode, planned_step
-from ..policy.plan import Plan
 from ..targets.base import Forward
 from ..targets.batch import MAX_ROWS, forward_rows
 

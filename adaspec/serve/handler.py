@@ -15,9 +15,9 @@ RETRY_AFTER_S = 1  # seconds a client told 503 is asked to wait
 
 
 def check_drafter(spec: str) -> None:
-    """Raise ValueError naming `drafter` unless `spec` can become a drafter plan (drafters.plan:
+    """Raise ValueError naming `drafter` unless `spec` can become a drafter plan (drafters.arms:
     its syntax, drafter names and arguments; `auto` is expanded when the request is served)."""
-    from ..drafters.plan import check
+    from ..drafters.arms import check
 
     try:
         check(spec)

@@ -22,9 +22,9 @@ import numpy as np
 
 from ..drafters.base import DraftModel
 from ..errors import DrafterError
-from ..policy.controller import DecodeConfig, Decoder, decode
-from ..policy.plan import AlwaysSpeculate, Plan
-from ..policy.stats import GenerationStats
+from ..loop.controller import DecodeConfig, Decoder, decode
+from ..loop.plan import AlwaysSpeculate, Plan
+from ..loop.stats import GenerationStats
 from ..sampling_params import SamplingParams
 from .watch import DrafterContractError, Watched, watch
 
@@ -102,7 +102,7 @@ class _Bench:
         """A fresh drafter from `make()`: a DraftModel, or a registered spec naming one."""
         made = self._make()
         if isinstance(made, str):
-            from ..drafters.plan import make_arms
+            from ..drafters.arms import make_arms
 
             arms = make_arms(made, self.info, self.settings)
             if len(arms) != 1:

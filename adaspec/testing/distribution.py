@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 from scipy.stats import chisquare
 
-from adaspec.policy import sampling
+from adaspec.loop import sampling
 
 
 def target_dist(model, tokens, params) -> np.ndarray:
@@ -46,7 +46,7 @@ def assert_same(counts, probs, min_pvalue: float = 1e-3) -> None:
 def speculative_counts(target, drafter, prompt, v, params, length=3, runs=1200):
     """Counts of every `length`-token continuation over `runs` seeded speculative decodes on a
     KV target (index (t0 * v + t1) * v + t2 ...), and how many tokens the last run drafted."""
-    from adaspec.policy.controller import DecodeConfig, Decoder, decode
+    from adaspec.loop.controller import DecodeConfig, Decoder, decode
     from adaspec.targets.kv import KVTarget
 
     counts = np.zeros(v**length)

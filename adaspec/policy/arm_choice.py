@@ -8,10 +8,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..loop.stats import StepStats
 from . import floor as fl
+from .estimates import ArmEstimates
 from .gates import commit_ratio
-from .sizing import DraftSizer
-from .stats import StepStats
 
 
 @dataclass(frozen=True)
@@ -32,16 +32,16 @@ def held_probe_lost(margin: float, probe: fl.ProbeConfig, s: fl.FloorState, rati
 
 class ArmScheduler:
     """Ranks the arms and holds costly losers back. holds None: no arm is ever held (ranking
-    still applies). The estimates it judges by are the sizer's."""
+    still applies). It judges by the arms' estimates (estimates.py)."""
 
     def __init__(
         self,
-        sizer: DraftSizer,
+        estimates: ArmEstimates,
         holds: HoldConfig | None,
         probe: fl.ProbeConfig,
         free_cost: float,
     ) -> None:
-        self.sizer, self.holds, self.probe, self.free_cost = sizer, holds, probe, free_cost
+        self.estimates, self.holds, self.probe, self.free_cost = estimates, holds, probe, free_cost
         self.held: list[fl.FloorState] = []
         self.held_steps: list[int] = []  # per arm: steps it sat out, held back
 
@@ -61,20 +61,22 @@ class ArmScheduler:
         return min(h.ar_left for h in self.held) - 1
 
     def free_arms(self, t_ar: float) -> tuple[int, ...]:
-        return tuple(a for a in range(len(self.held)) if self.sizer.free(a, t_ar, self.free_cost))
+        return tuple(
+            a for a in range(len(self.held)) if self.estimates.free(a, t_ar, self.free_cost)
+        )
 
     def _outranked(self, a: int, later: Sequence[int]) -> bool:
         """A later arm, judged like a, is expected to commit more tokens per second (e.g. PLD's
         short matches in new text, before a model drafter). On that arm's exploration steps a
         is asked anyway, so the comparison stays fresh."""
-        sz = self.sizer
-        if not sz.judged(a):
+        est = self.estimates
+        if not est.judged(a):
             return False
-        rate = sz.rate(a)
+        rate = est.rate(a)
         for b in later:
-            if not sz.timed(b) or not sz.judged(b) or sz.exploring(b):
+            if not est.timed(b) or not est.judged(b) or est.exploring(b):
                 continue
-            theirs = sz.rate(b)
+            theirs = est.rate(b)
             if rate is not None and theirs is not None and rate < theirs:
                 return True
         return False
@@ -85,9 +87,9 @@ class ArmScheduler:
         mix of rare wins and steady losses that the commit gate's streak misses."""
         if self.holds is None or math.isnan(t_ar):
             return False
-        if not self.sizer.judged(a) or self.sizer.free(a, t_ar, self.free_cost):
+        if not self.estimates.judged(a) or self.estimates.free(a, t_ar, self.free_cost):
             return False
-        rate = self.sizer.rate(a, slow=True)
+        rate = self.estimates.rate(a, slow=True)
         return rate is not None and rate * t_ar < self.holds.margin
 
     def is_probing(self, a: int | None) -> bool:
@@ -112,7 +114,7 @@ class ArmScheduler:
                 # a won probe replaces the slow estimate, which the plain steps before it left
                 # stale, by the fast one its steps taught
                 if was_probing and not self.held[a].probing:
-                    self.sizer.trust_fast(a)
+                    self.estimates.trust_fast(a)
 
     def _lost(self, a: int, ratio: float | None, t_ar: float) -> bool:
         """Arm a drafted this step (commit ratio `ratio`): whether it is held back (again). On

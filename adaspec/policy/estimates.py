@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..loop.plan import UNLIMITED
+from ..loop.stats import StepStats
 from . import draft_length, tree_size
-from .plan import UNLIMITED
-from .stats import StepStats
 
 
-class DraftSizer:
+class ArmEstimates:
     """Each arm's estimates, learnt from every step (plain steps teach every arm the verify
     cost of drafting nothing), and the length and tree budget they choose. length None: no
     length cap (the drafter proposes what it likes) and nothing learnt."""
