@@ -467,8 +467,18 @@ int adaspec_kernel_isa(int want) {
   isa = want;
   return isa;
 }
+#include "q8.h"
 #else
 #define HAVE_KERNEL 0
+enum { T_Q8P = 63 };
+#define Q8_LANES 16
+typedef struct q8act q8act_t;
+static int q8_vector(void) { return 0; }
+static void q8_part(int type, int M, int N, const unsigned char *data, long group_bytes,
+                    const q8act_t *a, float al, float be, float *C, int ldc) {
+  (void)type, (void)M, (void)N, (void)data, (void)group_bytes, (void)a, (void)al, (void)be;
+  (void)C, (void)ldc; /* never called: without the kernels nothing is packed */
+}
 enum { ISA_NONE = 0 };
 static int isa = ISA_NONE;
 int adaspec_kernel_isa(int want) { return want <= ISA_NONE ? ISA_NONE : -1; }
@@ -509,9 +519,11 @@ static void kernel_row(int type, const unsigned char *row, float *out, int K) {
 typedef struct {
   int type;
   const unsigned char *data; /* row 0 of the stand-in */
-  long row_bytes;
+  long row_bytes;            /* T_Q8P: a group's bytes / 16 */
+  int q8type;                /* T_Q8P: the type packed */
+  const q8act_t *act;        /* T_Q8P: the quantized rows of A */
 } source_t;
-static const source_t FP32 = {T_F32, 0, 0};
+static const source_t FP32 = {T_F32, 0, 0, 0, 0};
 
 static source_t rows_from(source_t s, int h) { /* the same source from row h on */
   if (s.type != T_F32) s.data += (long)h * s.row_bytes;
@@ -526,6 +538,8 @@ static void part_any(int M, int N, int K, float al, const float *A, int lda, con
   else if (src.type == T_BF16)
     kernel_part16(M, N, K, al, A, lda, (const unsigned short *)src.data,
                   (int)(src.row_bytes / 2), be, C, ldc);
+  else if (src.type == T_Q8P)
+    q8_part(src.q8type, M, N, src.data, src.row_bytes * Q8_LANES, src.act, al, be, C, ldc);
   else
     kernel_blocks(M, N, K, al, A, lda, src.data, src.type, src.row_bytes, be, C, ldc);
 }
@@ -561,7 +575,10 @@ static inline void relax(void) {
 #endif
 }
 
-static int split(int N) { return (N / 2) - (N / 2) % 6; } /* whole tiles of 1, 2, 3 or 6 */
+/* whole tiles of 1, 2, 3 or 6 rows of B; whole groups of a packed copy */
+static int split(source_t src, int N) {
+  return (N / 2) - (N / 2) % (src.type == T_Q8P ? Q8_LANES : 6);
+}
 
 static unsigned start_seen; /* jobs posted before the worker was created */
 
@@ -584,7 +601,7 @@ static void *worker(void *unused) {
     seen = s;
     unsigned expect = s - 1;
     if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
-    int h = split(job.N);
+    int h = split(job.src, job.N);
     part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
              rows_from(job.src, h), job.ldb, job.be, job.C + h, job.ldc);
     atomic_store_explicit(&finished, s, memory_order_release);
@@ -624,7 +641,7 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
   unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
   pthread_cond_signal(&wake);
   pthread_mutex_unlock(&mu);
-  int h = split(N);
+  int h = split(src, N);
   part_any(M, h, K, al, A, lda, B, src, ldb, be, C, ldc);
   unsigned expect = s - 1;
   if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
@@ -661,10 +678,14 @@ typedef struct {
   const unsigned char *data;
   int type, n, k, ld, exact;
   long row_bytes;
+  int q8;                 /* GEMMs on it use the 8-bit arithmetic (q8.h) */
+  unsigned char *packed;  /* its packed copy for the vector kernel (0: the reference) */
+  long group_bytes;
 } standin_t;
 static standin_t standins[SLOTS];
 static atomic_int n_standins;
 static atomic_ulong shadow_calls, stored_calls[2]; /* stored: by the kernel, by the library */
+static atomic_ulong q8_calls;                       /* GEMMs in the 8-bit arithmetic */
 /* per type id of a stand-in, the kernel's GEMMs on it: calls, nanoseconds, bytes of B read */
 static atomic_ulong by_type[32][3];
 static pthread_mutex_t standin_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -713,7 +734,7 @@ static int standin_put(standin_t e) {
  * 0 the table is full, -1 w already has a stand-in, -2 without the kernels (nothing would
  * read it) */
 int adaspec_shadow_add(const float *w, int n, int k, int ld, const unsigned short *h) {
-  return standin_put((standin_t){w, (const unsigned char *)h, T_BF16, n, k, ld, 0, 2L * ld});
+  return standin_put((standin_t){w, (const unsigned char *)h, T_BF16, n, k, ld, 0, 2L * ld, 0, 0, 0});
 }
 
 /* register the n x k matrix stored at w as `type` (a GGML type id): rows of k / block
@@ -723,7 +744,7 @@ int adaspec_stored_add(const float *w, int type, int n, int k) {
   int elems = block_elems(type);
   if (!elems || k <= 0 || k % 32 || n <= 0) return -3;
   long row_bytes = (long)(k / elems) * block_bytes(type);
-  return standin_put((standin_t){w, (const unsigned char *)w, type, n, k, k, 1, row_bytes});
+  return standin_put((standin_t){w, (const unsigned char *)w, type, n, k, k, 1, row_bytes, 0, 0, 0});
 }
 
 /* unregister w's stand-in: 1 done, 0 it had none */
@@ -733,13 +754,83 @@ int adaspec_shadow_remove(const float *w) {
   if (s) {
     atomic_store_explicit(&s->w, GONE, memory_order_release);
     atomic_fetch_sub(&n_standins, 1);
+    free(s->packed);
+    s->packed = 0, s->q8 = 0;
   }
   pthread_mutex_unlock(&standin_mu);
   return s != 0;
 }
 
+#if HAVE_KERNEL
+/* the arithmetic of GEMMs on the n x k fp32 matrix w (rows ld floats apart, or its stored
+ * stand-in): on 1 the 8-bit one (q8.h), 0 exact. A matrix without a stand-in gets one that
+ * reads w itself. Returns the bytes of the packed copy (0: its GEMMs run the scalar
+ * reference: no VNNI), -1 the table is full, -2 no kernels, -3 a shape the format cannot
+ * take, -4 out of memory. */
+long adaspec_q8_use(const float *w, int n, int k, int ld, int on) {
+  standin_t *s = (standin_t *)standin_find(w);
+  if (!s && on) {
+    if (k % 32 || n <= 0) return -3;
+    standin_t e = {w, (const unsigned char *)w, T_F32, n, k, ld, 0, 4L * ld, 0, 0, 0};
+    if (standin_put(e) != 1) return -1;
+    s = (standin_t *)standin_find(w);
+  }
+  if (!s) return 0;
+  int type = s->exact ? s->type : T_F32;
+  q8fmt_t f = q8_fmt(type);
+  if (!f.sb || k % f.sb || s->n != n || s->k != k) return -3;
+  if (on && !s->packed && q8_vector()) {
+    pthread_mutex_lock(&standin_mu);
+    if (!s->packed)
+      s->packed = q8_pack(type, s->exact ? s->data : (const unsigned char *)w,
+                          s->exact ? s->row_bytes : 4L * ld, n, k, &s->group_bytes);
+    pthread_mutex_unlock(&standin_mu);
+    if (!s->packed) return -4;
+  }
+  s->q8 = on;
+  return s->packed ? (long)((n + Q8_LANES - 1) / Q8_LANES) * s->group_bytes : 0;
+}
+
+/* a GEMM in the 8-bit arithmetic on B = data (`type`, rows row_bytes apart), packed or not */
+static void q8_gemm(int type, const unsigned char *data, long row_bytes,
+                    const unsigned char *packed, long group_bytes, int m, int n, int k, float al,
+                    const float *a, int lda, float be, float *c, int ldc) {
+  q8act_t act = q8_quantize(q8_fmt(type), m, k, a, lda);
+  if (packed) {
+    source_t src = {T_Q8P, packed, group_bytes / Q8_LANES, type, &act};
+    kernel(m, n, k, al, a, lda, 0, src, 0, be, c, ldc);
+  } else {
+    q8_reference(type, data, row_bytes, m, n, &act, al, be, c, ldc);
+  }
+}
+
+/* the 8-bit GEMM alone, for tests: C = alpha * A B^T + beta * C with B n x k of `type` (a
+ * GGML type id; 0: floats). vector 1: packed, on the vector kernel; 0: the reference.
+ * Returns 0, or -2 (vector asked, no VNNI), -3 (a type or k it cannot take), -4 (memory). */
+int adaspec_q8_sgemm(int vector, int type, int M, int N, int K, float alpha, const float *A,
+                     int lda, const unsigned char *B, float beta, float *C, int ldc) {
+  q8fmt_t f = q8_fmt(type);
+  if (!f.sb || K % f.sb) return -3;
+  if (vector && !q8_vector()) return -2;
+  long rb = type == T_F32 ? 4L * K : (long)(K / block_elems(type)) * block_bytes(type), gb = 0;
+  unsigned char *packed = vector ? q8_pack(type, B, rb, N, K, &gb) : 0;
+  if (vector && !packed) return -4;
+  q8_gemm(type, B, rb, packed, gb, M, N, K, alpha, A, lda, beta, C, ldc);
+  free(packed);
+  return 0;
+}
+#else
+long adaspec_q8_use(const float *w, int n, int k, int ld, int on) {
+  (void)w, (void)n, (void)k, (void)ld, (void)on;
+  return -2;
+}
+#endif
+
 /* routed GEMMs that read a bf16 shadow so far */
 unsigned long adaspec_shadow_calls(void) { return atomic_load(&shadow_calls); }
+
+/* GEMMs in the 8-bit arithmetic so far */
+unsigned long adaspec_q8_calls(void) { return atomic_load(&q8_calls); }
 
 /* GEMMs that read stored bits: out[0] by the kernel, out[1] by the library (prefill) */
 void adaspec_stored_calls(unsigned long *out) {
@@ -863,7 +954,12 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
     if (s->exact) refuse(s, plain ? "another shape or stride" : "a transposed or column-major operand");
     s = 0; /* a shadow: this GEMM reads the fp32 matrix */
   }
-  if (s && s->exact && m > own_rows) {
+  if (s && s->q8) {
+    int type = s->exact ? s->type : T_F32;
+    q8_gemm(type, s->exact ? s->data : (const unsigned char *)b, s->exact ? s->row_bytes : 4L * ldb,
+            s->packed, s->group_bytes, m, n, k, alpha, a, lda, beta, c, ldc);
+    atomic_fetch_add(&q8_calls, 1);
+  } else if (s && s->exact && m > own_rows) {
     to = 1;
     wide_stored(m, n, k, alpha, a, lda, s, beta, c, ldc);
     atomic_fetch_add(&stored_calls[1], 1);
