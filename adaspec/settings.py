@@ -31,6 +31,7 @@ ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
 WEIGHT_CHOICES = ("auto", "fp32", "bf16")  # a drafter's weights (adaspec/kernels/shadow.py)
 STORED_CHOICES = ("auto", "on", "off")  # GGUF weights at their stored bits (kernels/stored.py)
+ARITHMETIC_CHOICES = ("exact", "q8")  # a model's GEMMs (kernels/arithmetic.py)
 SHARD_CHOICES = ("auto", "pipeline", "tensor")  # how a target spans ranks (distributed/shard.py)
 TREE_NODES_MAX = 256
 TREE_NODES_AUTO = 16  # the largest tree `auto` tries
@@ -140,6 +141,10 @@ class Settings(BaseSettings):
     # GGUF models: keep quantized weights as stored and let the routed kernel read them (on),
     # or expand them to fp32 (off); auto = on where the routed kernel runs
     stored_weights: str = "auto"
+    # The arithmetic of every model's weight GEMMs: exact (stock mlx's fp32 sums, identical to
+    # mlx-lm) or q8 (8-bit activations, integer dot products: lossless against its own AR,
+    # not identical to mlx-lm; kernels/arithmetic.py)
+    arithmetic: str = "exact"
     # Under mlx.launch / mpirun: how the target is split over the ranks (auto = pipeline), and
     # how long a rank waits on a collective before it ends itself (a peer that hangs)
     shard: str = "auto"
@@ -200,7 +205,9 @@ class Settings(BaseSettings):
             return () if self.gate == "off" else ("commit", "entropy")
         return tuple(self.gate.split(","))
 
-    @field_validator("rollback", "kernel_isa", "draft_model_weights", "stored_weights", "shard")
+    @field_validator(
+        "rollback", "kernel_isa", "draft_model_weights", "stored_weights", "shard", "arithmetic"
+    )
     @classmethod
     def _choice(cls, v: str, info: ValidationInfo) -> str:
         choices = {
@@ -209,6 +216,7 @@ class Settings(BaseSettings):
             "draft_model_weights": WEIGHT_CHOICES,
             "stored_weights": STORED_CHOICES,
             "shard": SHARD_CHOICES,
+            "arithmetic": ARITHMETIC_CHOICES,
         }[str(info.field_name)]
         v = v.strip().lower()
         if v not in choices:

@@ -75,6 +75,10 @@ def _fast(model: Any, tokenizer: Any, settings: Settings, warmup: bool) -> tuple
     from ..warmup import warm_up
 
     fast_ops.install(model)
+    if settings.arithmetic != "exact":
+        from ..kernels import arithmetic
+
+        arithmetic.apply(model, settings.arithmetic)
     if warmup and backend_name() == "none":
         warm_up(model, tokenizer, settings=settings)
     return model, tokenizer
