@@ -198,8 +198,8 @@ def stream_generate(
         logits_processors=logits_processors, seed=seed, policy=policy, settings=settings,
         prompt_cache=prompt_cache,
     )  # fmt: skip
-    texts = _texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
-    yield from _kept(prompt_cache, decoder, texts) if prompt_cache else texts
+    framed = texts(decoder, ids, tokenizer, max_tokens, tuple(stop))
+    yield from kept(prompt_cache, decoder, framed) if prompt_cache else framed
 
 
 def start_decoder(
@@ -266,12 +266,12 @@ def _check_cache(pc: PromptCache | None, model: Any, drafter: Drafters) -> None:
         )
 
 
-def _kept(pc: PromptCache, decoder: Decoder, texts: Iterator[Response]) -> Iterator[Response]:
+def kept(pc: PromptCache, decoder: Decoder, framed: Iterator[Response]) -> Iterator[Response]:
     """Hand the committed tokens to the cache when the generation ends or is abandoned (the
     decode loop has rolled everything back to them); after an error, start it afresh."""
     ok = False
     try:
-        yield from texts
+        yield from framed
         ok = True
     except GeneratorExit:
         ok = True
@@ -283,7 +283,7 @@ def _kept(pc: PromptCache, decoder: Decoder, texts: Iterator[Response]) -> Itera
             pc.reset()
 
 
-def _texts(
+def texts(
     decoder: Decoder,
     ids: list[int],
     tokenizer: Any,

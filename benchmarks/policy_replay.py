@@ -63,6 +63,9 @@ class Recorder:
     def lift(self):
         return self._call("lift", None, self.inner.lift())
 
+    def gains(self, arm, k):
+        return self.inner.gains(arm, k)  # a read of the estimates: not a decision to record
+
     def summary(self):
         return self.inner.summary()
 

@@ -1,4 +1,7 @@
-"""The decode loop: ask the policy for a plan, draft, verify, accept, roll back, account.
+"""The decode loop. A step comes in two halves: `propose` (the policy's plan, the arms' draft:
+what to verify) and `commit` (given the verify forward's output: accept, roll back, tell the
+arms, account). `step` runs both on the decoder's own forwards; a batch runs one forward for
+several decoders' proposals between the halves (serve/batch.py).
 
 Holds no maths of its own; every token it emits was produced by the target's verify forward.
 """
@@ -8,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import numpy as np
@@ -16,25 +19,22 @@ import numpy as np
 from ..drafters.base import Draft, DraftContext, DraftModel, LazyDrafter, Learner
 from ..targets.base import Forward, Target
 from . import sampling
-from .judge import LazyDraft, Verified, check_draft, judge, lazy_draft
+from .judge import LazyDraft, Verified, check_draft, lazy_draft
 from .plan import FLOOR, MEASURE, AlwaysSpeculate, NeverSpeculate, Plan, SpecPolicy
 from .stats import GenerationStats, StepStats, arm_labels
+from .verify import DecodeConfig, Verifier, tap_columns, tap_union
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AlwaysSpeculate", "DecodeConfig", "Decoder", "NeverSpeculate", "TokenEvent", "decode"]
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    max_tokens: int
-    sampling: sampling.SamplingParams = sampling.SamplingParams()
-    eos_ids: frozenset[int] = frozenset()
-    logits_processors: tuple = ()
-    max_draft: int = 64  # hard cap on drafted tokens per step
-    tree_nodes: int = 0  # most nodes of a draft tree (0: chains only)
-    # greedy chains from a LazyDrafter: verify on the unevaluated ids (no sync between them)
-    overlap_draft: bool = True
+__all__ = [
+    "AlwaysSpeculate",
+    "DecodeConfig",
+    "Decoder",
+    "NeverSpeculate",
+    "Proposal",
+    "TokenEvent",
+    "decode",
+]
 
 
 @dataclass(frozen=True)
@@ -47,20 +47,35 @@ class TokenEvent:
     step: StepStats | None = None
 
 
+StepResult = tuple[list[int], list[bool], mx.array, StepStats]
+
+
 @dataclass(frozen=True)
-class _Queued:
-    """A plain forward queued before the token it follows was read, as mlx-lm pipelines."""
+class Proposal:
+    """A step's first half (`Decoder.propose`): the policy's plan, the arm that drafted (None:
+    nothing was drafted) and its draft, read or still lazy."""
 
-    token: mx.array  # () the lazy argmax
-    logprobs: mx.array  # (V,)
-    features: mx.array | None
+    plan: Plan
+    room: int  # tokens the step may still emit
+    arm: int | None
+    draft: Draft | LazyDraft
+    last: int  # the newest committed token: the verify forward's first row
+    t0: float  # when drafting began
 
+    @property
+    def rows(self) -> list[int]:
+        """The verify forward's rows: the newest committed token, then the (read) chain."""
+        assert isinstance(self.draft, Draft) and self.draft.parents is None
+        return [self.last, *self.draft.tokens]
 
-def _tap_union(arms: Sequence[DraftModel]) -> tuple[int, ...]:
-    taps: list[int] = []
-    for a in arms:
-        taps += [t for t in a.needs_taps if t not in taps]
-    return tuple(taps)
+    def cut(self, k: int) -> Proposal:
+        """The same step with its chain cut to its first k tokens (a batch's budget)."""
+        d = self.draft
+        assert isinstance(d, Draft) and d.parents is None
+        if k >= len(d):
+            return self
+        probs = None if d.probs is None else d.probs[:k]
+        return replace(self, draft=Draft(d.tokens[:k], probs, None, d.strong, d.setup_s))
 
 
 @dataclass
@@ -84,12 +99,12 @@ class Decoder:
         d = self.drafters
         one = d is not None and not isinstance(d, (list, tuple))
         self.arms: tuple[DraftModel, ...] = (d,) if one else tuple(d or ())  # type: ignore
-        self.taps = _tap_union(self.arms)
+        self.taps = tap_union(self.arms)
         self.committed: list[int] = [int(t) for t in self.held]
+        self.verifier = Verifier(self.target, self.taps, self.cfg, self.rng)
         self._pipelinable = self.cfg.sampling.greedy and not self.cfg.logits_processors
         self.pipelinable = self._pipelinable
         self.overlap = self.pipelinable and self.cfg.overlap_draft
-        self._queued: _Queued | None = None
         # why drafts are chains here whatever the drafters would propose ("" = trees verified)
         self.chains_only = (
             "ADASPEC_TREE_NODES=0"
@@ -108,7 +123,7 @@ class Decoder:
         plain forward is queued ahead and every draft is read before its verify; else what the
         config allows."""
         if shared:
-            self._drop_queued()
+            self.verifier.drop_queued()
         self.pipelinable = self._pipelinable and not shared
         self.overlap = self.pipelinable and self.cfg.overlap_draft
 
@@ -127,13 +142,7 @@ class Decoder:
 
     def _features(self, arm: DraftModel, feats: mx.array | None) -> mx.array | None:
         """The columns of the union's tap features that `arm` asked for, in its order."""
-        if feats is None or not arm.needs_taps:
-            return None
-        if arm.needs_taps == self.taps:
-            return feats
-        h = feats.shape[-1] // len(self.taps)
-        cols = [self.taps.index(t) for t in arm.needs_taps]
-        return mx.concatenate([feats[..., c * h : (c + 1) * h] for c in cols], axis=-1)
+        return tap_columns(feats, self.taps, arm.needs_taps)
 
     def _reusable(self, prompt: list[int]) -> int:
         """Cached positions `prompt` can keep: its common prefix with the held tokens, less one
@@ -206,105 +215,42 @@ class Decoder:
         """Whether this step's draft from `arm` may stay lazy into the verify."""
         return self.overlap and not nodes and isinstance(arm, LazyDrafter)
 
-    def _queue(self, token: list[int] | mx.array) -> _Queued:
-        fwd = self.target.forward(token, self.taps)
-        lp = sampling.logprobs(fwd.logits[-1])
-        y = mx.argmax(lp, axis=-1)
-        mx.async_eval(y, lp)
-        return _Queued(y, lp, fwd.features)
+    def propose(self, room: int, plan: Plan | None = None) -> Proposal:
+        """A step's first half: the policy's plan (default; a floor lifted by a strong peeked
+        draft) and its arms' draft, for a step that may emit up to `room` tokens."""
+        if plan is None:
+            plan = self.policy.plan()
+            if plan.plain and plan.peek and self.peek(plan):
+                plan = self.policy.plan()
+        t0 = time.perf_counter()
+        arm, draft = self.draft(plan, room)
+        return Proposal(plan, room, arm, draft, self.committed[-1], t0)
 
-    def _drop_queued(self) -> None:
-        if self._queued is not None:
-            self.target.rollback(1)  # the queued forward of the newest token is fed again
-            self._queued = None
+    def step(self, room: int, plan: Plan | None = None) -> StepResult:
+        """Emit 1..room tokens (fewer only at EOS), following `plan` (default: the policy's),
+        on the decoder's own forwards."""
+        return self.commit(self.propose(room, plan))
 
-    def _plain(self, queue_next: bool) -> Verified:
-        """A greedy plain step; the next one's forward is queued (on the lazy token) before this
-        token is read, which hides graph-building time as mlx-lm's decoding does."""
-        q = self._queued or self._queue([self.committed[-1]])
-        self._queued = self._queue(q.token[None]) if queue_next else None
-        token: int = q.token.item()  # type: ignore[assignment]
-        return Verified([token], 0, q.logprobs[None], q.features)
-
-    def _verify(self, draft: Draft) -> Verified:
-        self._drop_queued()
-        fed = [self.committed[-1], *draft.tokens]
-        if draft.parents is not None:
-            return self._verify_tree(fed, draft)
-        return self._verdict(self.target.forward(fed, self.taps), fed, draft)
-
-    def _verdict(self, fwd: Forward, fed: list[int], draft: Draft) -> Verified:
-        """What the verify forward over `fed` (the newest committed token, then the chain)
-        commits of `draft`."""
-        logits = sampling.apply_processors(
-            fwd.logits, self.committed, fed, self.cfg.logits_processors
-        )
-        outcome, lp = judge(logits, draft, self.cfg.sampling, self.rng)
-        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
-        return Verified(new, min(outcome.accepted, len(new)), lp, fwd.features)
-
-    def _verify_lazy(self, lazy: LazyDraft) -> tuple[Verified, Draft]:
-        """The verify forward built on the draft's unevaluated ids; one evaluation computes the
-        draft and the target's judgement of it; then the ids are read and checked."""
-        self._drop_queued()
-        last = mx.array([self.committed[-1]], dtype=mx.uint32)
-        # clipped for the forward only: an id outside the vocabulary is refused once read
-        ids = mx.clip(lazy.ids, 0, self.target.info.vocab_size - 1).astype(mx.uint32)
-        fwd = self.target.forward(mx.concatenate([last, ids]), self.taps)
-        mx.eval(lazy.ids, fwd.logits)
-        draft = Draft(lazy.ids.tolist())  # type: ignore[arg-type]
-        check_draft(draft, lazy.cap, self.target.info.vocab_size, lazy.name)
-        return self._verdict(fwd, [self.committed[-1], *draft.tokens], draft), draft
-
-    def _verify_tree(self, fed: list[int], draft: Draft) -> Verified:
-        """One forward over the tree; the cache keeps the accepted path, and the rows returned
-        are the ones the committed tokens came from."""
-        assert draft.parents is not None
-        fwd = self.target.forward_tree(fed, draft.parents, self.taps)
-        outcome, lp = judge(fwd.logits, draft, self.cfg.sampling, self.rng)
-        self.target.keep_path(outcome.path)
-        rows = mx.array([0, *(1 + i for i in outcome.path)])
-        feats = None if fwd.features is None else fwd.features[rows]
-        new = sampling.cut_at_eos(outcome.tokens, self.cfg.eos_ids)
-        return Verified(new, min(outcome.accepted, len(new)), lp[rows], feats)
-
-    def _judge_step(
-        self, draft: Draft | LazyDraft, plan: Plan, room: int
-    ) -> tuple[Verified, Draft, bool]:
+    def _verified(self, p: Proposal, fwd: Forward | None) -> tuple[Verified, Draft, bool]:
         """The step's verify (or plain forward): what it committed, the draft as read, and
         whether its forward had been queued by the step before."""
-        if isinstance(draft, LazyDraft):
-            return *self._verify_lazy(draft), False
-        if not draft.tokens and self.pipelinable:
-            queued = self._queued is not None
-            return self._plain(plan.plain_ahead > 0 and room > 1), draft, queued
-        return self._verify(draft), draft, False
+        v = self.verifier
+        if isinstance(p.draft, LazyDraft):
+            assert fwd is None, "a lazy draft is verified on the decoder's own forward"
+            return *v.lazy(self.committed, p.draft), False
+        if fwd is None and not p.draft.tokens and self.pipelinable:
+            queued = v.queued is not None
+            return v.plain(p.last, p.plan.plain_ahead > 0 and p.room > 1), p.draft, queued
+        return v.chain(self.committed, p.draft, fwd), p.draft, False
 
-    def step(
-        self, room: int, plan: Plan | None = None
-    ) -> tuple[list[int], list[bool], mx.array, StepStats]:
-        """Emit 1..room tokens (fewer only at EOS), following `plan` (default: the policy's)."""
-        plan = self.policy.plan() if plan is None else plan
-        t0 = time.perf_counter()
-        # 1. draft: the plan's arms in order (none for a plain step)
-        arm, draft = self.draft(plan, room)
-        return self.complete(plan, room, arm, draft, t0)
-
-    def complete(
-        self,
-        plan: Plan,
-        room: int,
-        arm: int | None,
-        draft: Draft | LazyDraft,
-        t0: float,
-        forward_s: float = 0.0,
-    ) -> tuple[list[int], list[bool], mx.array, StepStats]:
-        """The rest of a step whose draft (from `arm`, begun at `t0`) is given. forward_s:
-        seconds of a verify forward run beforehand for this step (a shared batched forward's
-        share), counted as verify time."""
+    def commit(self, p: Proposal, fwd: Forward | None = None, forward_s: float = 0.0) -> StepResult:
+        """A step's second half: judge the verify forward, commit, roll back, tell the arms,
+        account. fwd: the forward over `p.rows` run by the caller beside other sequences' (a
+        batch), its share of that forward's time `forward_s` counted as verify time; None: the
+        decoder runs its own (pipelined plain steps, lazy drafts and trees among them)."""
         t1 = time.perf_counter()
         # 2. verify the newest committed token plus the draft in one forward, and accept
-        v, draft, queued = self._judge_step(draft, plan, room)
+        v, draft, queued = self._verified(p, fwd)
         t2 = time.perf_counter()
         # 3. commit; the cache keeps every committed token but the newest; tell every arm
         self.committed += v.tokens
@@ -315,18 +261,26 @@ class Decoder:
             a.advance(v.tokens, self._ctx(features=self._features(a, feats)))
         t3 = time.perf_counter()
         # 4. account
+        s = self._account(p, v, draft, queued, (t1 - p.t0, t2 - t1 + forward_s, t3 - t2))
+        return v.tokens, [j < v.accepted for j in range(len(v.tokens))], v.logprobs, s
+
+    def _account(
+        self, p: Proposal, v: Verified, draft: Draft, queued: bool, times: tuple[float, ...]
+    ) -> StepStats:
+        """The step's stats, recorded and shown to the policy. times: draft, verify, rollback."""
         p1 = None
         if self.policy.needs_p1 and draft.tokens:
             p1 = sampling.top1_prob(v.logprobs[v.accepted])
+        plan = p.plan
         s = StepStats(
             committed=len(v.tokens),
-            verify_s=t2 - t1 + forward_s,
+            verify_s=times[1],
             drafted=max(draft.depths(), default=0),
             nodes=len(draft) if draft.is_tree else 0,
             accepted=v.accepted,
-            arm=arm,
-            draft_s=t1 - t0,
-            rollback_s=t3 - t2,
+            arm=p.arm,
+            draft_s=times[0],
+            rollback_s=times[2],
             context=len(self.committed),
             p1=p1,
             floored=plan.plain and plan.plain_reason == FLOOR,
@@ -338,12 +292,12 @@ class Decoder:
         self.policy.observe(s)
         if draft.tokens:
             self.stats.policy = self.policy.summary()
-        return v.tokens, [j < v.accepted for j in range(len(v.tokens))], v.logprobs, s
+        return s
 
     def unwind(self, n: int) -> None:
         """Forget the newest n committed tokens everywhere (caller stopped mid-step), and any
         queued forward."""
-        self._drop_queued()
+        self.verifier.drop_queued()
         if n <= 0:
             return
         del self.committed[-n:]
@@ -352,26 +306,15 @@ class Decoder:
             a.rollback(n)
 
 
-StepResult = tuple[list[int], list[bool], mx.array, StepStats]
-
-
-def planned_step(decoder: Decoder, room: int) -> StepResult:
-    """The policy's next step (a floor lifted by a strong peeked draft), run alone."""
-    plan = decoder.policy.plan()
-    if plan.plain and plan.peek and decoder.peek(plan):
-        plan = decoder.policy.plan()
-    return decoder.step(room, plan)
-
-
 def decode(
     decoder: Decoder,
     prompt: Sequence[int] | None,
-    steps: Callable[[Decoder, int], StepResult] = planned_step,
+    steps: Callable[[Decoder, int], StepResult] = Decoder.step,
 ) -> Generator[TokenEvent, None, None]:
     """Yield tokens one at a time; if the consumer stops early, the target's cache and every
     arm are rolled back to exactly the tokens it has received. prompt None: the decoder was
     prefilled already. steps(decoder, room): the next step's result (a batched server runs
-    the step beside other sequences' and hands its result in)."""
+    the step's halves around a forward shared with other sequences and hands the result in)."""
     if prompt is not None:
         decoder.prefill(prompt)
     emitted = pending = 0  # pending: committed in the current step, not yet received

@@ -62,6 +62,11 @@ class SpecPolicy(Protocol):
         """A strong candidate was seen while floored: end the floor now if allowed."""
         ...
 
+    def gains(self, arm: int, k: int) -> tuple[float, ...]:
+        """gains[j]: P(draft tokens 0..j of `arm` are all accepted), the expected tokens its
+        (j+1)-th drafted token adds (a batch cuts drafts by them: policy/batch_budget.py)."""
+        ...
+
     def summary(self) -> dict: ...
 
 
@@ -87,6 +92,9 @@ class AlwaysSpeculate:
 
     def lift(self) -> bool:
         return False
+
+    def gains(self, arm: int, k: int) -> tuple[float, ...]:
+        return (1.0,) * k  # nothing learnt: every drafted token is expected to count
 
     def summary(self) -> dict:
         return {}

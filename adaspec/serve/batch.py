@@ -1,8 +1,8 @@
-"""Requests decoded together. Each step: every active request plans and drafts with its own
-drafters and policy; the drafts are cut to what pays in the shared forward
-(policy/batch_budget.py); ONE forward runs over every request's rows (its newest token and
-its draft, targets/batch.py); then each request accepts, rolls back and accounts from its own
-rows as it would alone. A request's tokens at T=0 are therefore the ones it gets alone."""
+"""Requests decoded together. Each step: every active request's decoder proposes (its own
+policy and drafters: `Decoder.propose`); the drafts are cut to what pays in the shared forward
+(policy/batch_budget.py); ONE forward runs over every request's rows (its newest token and its
+draft, targets/batch.py); then each decoder commits from its own rows as it would alone
+(`Decoder.commit`). A request's tokens at T=0 are therefore the ones it gets alone."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..drafters.base import Draft
+from ..api import kept, texts
 from ..errors import TargetError
-from ..loop.controller import Decoder, StepResult, decode, planned_step
-from ..loop.plan import Plan
+from ..loop.controller import Decoder, Proposal, StepResult, decode
+from ..loop.verify import tap_columns
 from ..policy.batch_budget import RowCost, split
 from ..targets.base import Forward
-from ..targets.batch import MAX_ROWS, forward_rows
+from ..targets.batch import MAX_ROWS, batch_unsupported, forward_rows
+from ..targets.kv import KVTarget
 
 
 @dataclass
@@ -32,17 +33,13 @@ class Member:
     emit: Callable[[Any], bool]
     cancelled: Callable[[], bool] = lambda: False  # the client went away: leave at once
     inbox: deque = field(default_factory=deque)
-    responses: Iterator[Any] | None = None  # api._texts over decode(decoder, None, self.take)
+    responses: Iterator[Any] | None = None  # api.texts over decode(decoder, None, self.take)
     emitted: int = 0
     done: bool = False
     error: Exception | None = None  # what ended it early (its own drafter, say), if anything
     steps: int = 0  # batch steps this request took part in
     shared: int = 0  # the requests in those steps' forwards, summed
-    # the step under way: plan, arm, draft, start time
-    plan: Plan = field(default_factory=Plan)
-    arm: int | None = None
-    draft: Draft = field(default_factory=Draft)
-    t0: float = 0.0
+    proposal: Proposal | None = None  # the step under way: its first half
 
     def events(self) -> Generator[Any, None, None]:
         """The request's token events, each step's result handed in by the batch."""
@@ -71,47 +68,6 @@ def _finished(*_: Any) -> bool:
     return True
 
 
-class SharedTarget:
-    """A request's target inside a batch: its verify forward was run beside the others' and
-    is handed in (`hand`) before the decoder asks for it; everything else is the target's."""
-
-    def __init__(self, target: Any):
-        self.inner = target
-        self.handed: Forward | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @property
-    def offset(self) -> int:
-        return self.inner.offset
-
-    def hand(self, fwd: Forward) -> None:
-        self.handed = fwd
-
-    def forward(self, tokens: Any, taps: tuple[int, ...] = ()) -> Forward:
-        f, self.handed = self.handed, None
-        if f is None:
-            return self.inner.forward(tokens, taps)
-        if f.logits.shape[0] != len(tokens):
-            raise TargetError(
-                f"the batched forward fed {f.logits.shape[0]} rows, the decoder verifies "
-                f"{len(tokens)}; accepted: the rows the batch drafted"
-            )
-        return f
-
-
-def _columns(feats: mx.array | None, union: tuple[int, ...], taps: tuple[int, ...]) -> Any:
-    """The columns of the union's tap features that `taps` asked for, in its order."""
-    if feats is None or not taps:
-        return None
-    if taps == union:
-        return feats
-    h = feats.shape[-1] // len(union)
-    cols = [union.index(t) for t in taps]
-    return mx.concatenate([feats[..., c * h : (c + 1) * h] for c in cols], axis=-1)
-
-
 def _shares(rows: list[int], curve: list[float]) -> list[float]:
     """Each request's share of a shared forward: what its rows would cost alone (the curve's
     growth per row over one row), over the sum of those; a plain request pays as much as a
@@ -120,6 +76,14 @@ def _shares(rows: list[int], curve: list[float]) -> list[float]:
     slope = (curve[m] / curve[1] - 1) / (m - 1) if m > 1 else 0.0
     alone = [1 + slope * (r - 1) for r in rows]
     return [a / sum(alone) for a in alone]
+
+
+def _kv_target(decoder: Decoder) -> KVTarget:
+    """The decoder's target, which a shared forward feeds (the server admits only these)."""
+    target = decoder.target
+    if not isinstance(target, KVTarget):
+        raise TargetError(f"a shared forward cannot feed {batch_unsupported(target)}")
+    return target
 
 
 def _guarded(m: Member, fn: Callable[..., None], *args: Any) -> None:
@@ -134,12 +98,11 @@ def _guarded(m: Member, fn: Callable[..., None], *args: Any) -> None:
             pass  # its caches are dropped by whoever reads m.error
 
 
-def _gains(member: Member) -> tuple[float, ...]:
-    k = len(member.draft)
-    if not k or member.arm is None:
+def _gains(m: Member) -> tuple[float, ...]:
+    p = m.proposal
+    if p is None or not len(p.draft) or p.arm is None:
         return ()
-    gains = getattr(member.decoder.policy, "gains", None)  # only the adaptive policy learns
-    return gains(member.arm, k) if gains is not None else (1.0,) * k
+    return m.decoder.policy.gains(p.arm, len(p.draft))
 
 
 @dataclass
@@ -162,25 +125,16 @@ class Batch:
         self.members = [m for m in self.members if not m.done]
         return done
 
-    def _draft(self, m: Member) -> None:
-        d = m.decoder
-        d.share(True)
-        m.plan = d.policy.plan()
-        if m.plan.plain and m.plan.peek and d.peek(m.plan):
-            m.plan = d.policy.plan()
-        m.t0 = time.perf_counter()
-        m.arm, draft = d.draft(m.plan, m.room)
-        assert isinstance(draft, Draft), "a shared decoder's drafts are read before the verify"
-        m.draft = draft
+    def _propose(self, m: Member) -> None:
+        m.decoder.share(True)
+        m.proposal = m.decoder.propose(m.room)
 
-    def _budget(self) -> None:
+    def _budget(self, live: list[Member]) -> None:
         """Cut each draft to the length the batch's expected tokens per second picks."""
-        ks = split([_gains(m) for m in self.members], self.cost.curve(), self.max_rows)
-        for m, k in zip(self.members, ks):
-            if k < len(m.draft):
-                assert isinstance(m.draft, Draft) and m.draft.parents is None
-                probs = None if m.draft.probs is None else m.draft.probs[:k]
-                m.draft = Draft(m.draft.tokens[:k], probs, None, m.draft.strong, m.draft.setup_s)
+        ks = split([_gains(m) for m in live], self.cost.curve(), self.max_rows)
+        for m, k in zip(live, ks):
+            assert m.proposal is not None
+            m.proposal = m.proposal.cut(k)
 
     def step(self) -> list[Member]:
         """One step for every active request; returns the requests that finished."""
@@ -192,36 +146,36 @@ class Batch:
             return self._alone(live)
         # 1. plan and draft, each request with its own policy and drafters
         for m in live:
-            _guarded(m, self._draft, m)
+            _guarded(m, self._propose, m)
         live = [m for m in live if not m.done]
         if not live:
             return self.drop_done()
         # 2. cut the drafts to what pays in the shared forward
-        self._budget()
+        self._budget(live)
         # 3. one forward over every request's newest token and draft
-        rows = [[m.decoder.committed[-1], *m.draft.tokens] for m in live]
+        rows = [m.proposal.rows for m in live if m.proposal is not None]
         union: tuple[int, ...] = ()
         for m in live:
             union += tuple(t for t in m.decoder.taps if t not in union)
         t0 = time.perf_counter()
-        targets = [m.decoder.target.inner for m in live]  # type: ignore[attr-defined]
-        fwds = forward_rows(targets, rows, union)
+        fwds = forward_rows([_kv_target(m.decoder) for m in live], rows, union)
         mx.eval([f.logits for f in fwds])
         spent = time.perf_counter() - t0
         total = sum(len(r) for r in rows)
         self.cost.observe(total, spent)
         self.steps, self.rows_fed = self.steps + 1, self.rows_fed + total
         shares = _shares([len(r) for r in rows], self.cost.curve())
-        # 4. each request accepts and rolls back from its rows, charged its rows' share
+        # 4. each request commits from its rows, charged its rows' share of the forward
         for m, f, share in zip(live, fwds, shares):
             m.steps, m.shared = m.steps + 1, m.shared + len(live)
-            feats = _columns(f.features, union, m.decoder.taps)
-            m.decoder.target.hand(Forward(f.logits, feats))  # type: ignore[attr-defined]
-            _guarded(m, self._complete, m, spent * share)
+            fwd = Forward(f.logits, tap_columns(f.features, union, m.decoder.taps))
+            _guarded(m, self._commit, m, fwd, spent * share)
         return self.drop_done()
 
-    def _complete(self, m: Member, forward_s: float) -> None:
-        result = m.decoder.complete(m.plan, m.room, m.arm, m.draft, m.t0, forward_s)
+    def _commit(self, m: Member, fwd: Forward, forward_s: float) -> None:
+        assert m.proposal is not None
+        result = m.decoder.commit(m.proposal, fwd, forward_s)
+        m.proposal = None
         m.inbox.append(result)
         self._hand_on(m, len(result[0]))
 
@@ -232,7 +186,7 @@ class Batch:
 
     def _step_alone(self, m: Member) -> None:
         m.decoder.share(False)
-        result = planned_step(m.decoder, m.room)
+        result = m.decoder.step(m.room)
         m.steps, m.shared = m.steps + 1, m.shared + 1
         m.inbox.append(result)
         self._hand_on(m, len(result[0]))
@@ -259,11 +213,8 @@ def join(
 ) -> Member:
     """A request ready for the batch: its decoder (from api.start_decoder with
     shared_forward=True) prefilled alone, its responses framed as stream_generate's."""
-    from .. import api
-
-    decoder.target = SharedTarget(decoder.target)
     decoder.prefill(ids)
     m = Member(decoder, emit, cancelled)
-    texts = api._texts(decoder, ids, tokenizer, decoder.cfg.max_tokens, stop, m.events())
-    m.responses = api._kept(prompt_cache, decoder, texts) if prompt_cache else texts
+    framed = texts(decoder, ids, tokenizer, decoder.cfg.max_tokens, stop, m.events())
+    m.responses = kept(prompt_cache, decoder, framed) if prompt_cache else framed
     return m
