@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -49,7 +49,8 @@ def _gemm_weights(model: Any) -> list[tuple[mx.array, int, int, int, int]]:
     from mlx.utils import tree_flatten
 
     out, seen = [], set()
-    for _, a in tree_flatten(model.parameters()):
+    params = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
+    for _, a in params:
         if not isinstance(a, mx.array) or a.ndim != 2 or a.dtype != mx.float32:
             continue
         s = stored.lookup(a)
