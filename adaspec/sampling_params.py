@@ -3,7 +3,9 @@ use, so they sit below the three of them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,3 +47,16 @@ def sample(p: np.ndarray, u: float) -> int:
     """Inverse-CDF draw from an unnormalized non-negative vector p with uniform u in [0, 1)."""
     c = np.cumsum(p)
     return int(min(np.searchsorted(c, u * c[-1], side="right"), len(p) - 1))
+
+
+def mlx_lm_sampler(kw: Mapping[str, Any]) -> Any:
+    """mlx-lm's sampler for sampling flags given as keywords (`temp`, `top_p`, `min_p`,
+    `top_k`; each absent one off, greedy at temp 0)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(
+        temp=kw.get("temp", 0.0),
+        top_p=kw.get("top_p", 0.0),
+        min_p=kw.get("min_p", 0.0),
+        top_k=kw.get("top_k", 0),
+    )

@@ -290,13 +290,12 @@ def mirrored_ar(
 
 def _ar(model: Any, tokenizer: Any, ids: list[int], max_tokens: int, kw: dict) -> Iterator[Any]:
     import mlx_lm
-    from mlx_lm.sample_utils import make_sampler
 
-    from ..bench.timing import sampler
+    from ..sampling_params import mlx_lm_sampler
 
     if kw.get("seed") is not None:
         mx.random.seed(int(kw["seed"]))
-    smp = sampler(kw, make_sampler)
+    smp = mlx_lm_sampler(kw)
     from mlx_lm.generate import generation_stream
 
     try:
