@@ -1,7 +1,7 @@
 """Graph nodes and wall time of one batched forward (targets/batch.py) by the number of
 requests sharing it, against one request's solo forward, on a real model: attention on the
-shared path (targets/batch_attention.py) and, side by side, through mlx-lm's module once per
-request ("split").
+shared path (the native nodes of kernels/native_layers.py) and, side by side, through mlx-lm's
+module once per request ("split").
 
     python benchmarks/batch_forward.py [--model smollm2-135m] [--levels 1,2,4,8]
         [--rows 1] [--context 200] [--rounds 30] [--json out.json]

@@ -3,18 +3,17 @@ the graph's nodes, the GEMMs, mlx's other ops, and the waits between threads, pe
 real model at a given context (docs/fast_ops.md, "Cost").
 
     python benchmarks/forward_breakdown.py [--model smollm2-135m] [--contexts 200,2000]
-        [--rows 1] [--rounds 40] [--variants twins,no-blocks,no-native,stock-linear,stock]
+        [--rows 1] [--rounds 40] [--variants twins,no-native,stock-linear,stock]
         [--json out.json]
 
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`no-blocks` as `twins` without blocks.py's attention and decoder-block twins (so without the
-one-node decoder layers they call), `no-native` as `twins` without adaspec's native primitives
-(kernels/native.py: a decoder layer, attention, the MLP's gate and up projections in one node
-each; blocks.py's twins on mlx ops instead),
-`stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with every twin and
-the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are
+`no-native` as `twins` without adaspec's native primitives (kernels/native.py: a decoder layer,
+attention, the MLP's gate and up projections in one node each; mlx-lm's code on the layer
+twins instead), `stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with
+every twin and the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay
+ours). Figures are
 medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
 other jobs on the machine do not inflate, unlike wall times.
 """
@@ -32,7 +31,7 @@ from collections import Counter
 from pathlib import Path
 
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
-from adaspec.kernels import attention, blas, blocks, fast_ops, layers, native_layers
+from adaspec.kernels import attention, blas, fast_ops, layers, native_layers
 from adaspec.settings import from_env
 from adaspec.targets.loader import load
 
@@ -74,15 +73,10 @@ def graph_nodes(out: mx.array) -> Counter:
     return Counter("Compiled" if n.startswith("Compiled") else n for n in names)
 
 
-_NATIVE = attention._native
-_DECODE_LAYER = native_layers.decode_layer
+_NATIVE = attention.native_core
 
 
 def _no_native(*args):
-    return None
-
-
-def _no_layer(*args):
     return None
 
 
@@ -104,17 +98,13 @@ class Variants:
                     self.swaps.append((parent, key, child, ref))
 
     def use(self, name: str) -> None:
-        attention._native = _no_native if name == "no-native" else _NATIVE
-        native_layers.decode_layer = _no_layer if name == "no-native" else _DECODE_LAYER
-        blocks.uninstall(self.model)  # then as fast_ops.install: native_layers before blocks
+        attention.native_core = _no_native if name == "no-native" else _NATIVE
         if name in ("no-native", "stock"):
             native_layers.uninstall(self.model)
         else:
             native_layers.install(self.model)
         stock = name == "stock"
         self.module.scaled_dot_product_attention = self.stock_sdpa if stock else self.routed
-        if not (stock or name == "no-blocks"):
-            blocks.install(self.model)
         for parent, key, twin, ref in self.swaps:
             linear = isinstance(twin, layers.ExactLinear)
             parent[key] = ref if stock or (name == "stock-linear" and linear) else twin
@@ -182,9 +172,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
     names = a.variants.split(",")
-    unknown = set(names) - {"twins", "no-blocks", "no-native", "stock-linear", "stock"}
+    unknown = set(names) - {"twins", "no-native", "stock-linear", "stock"}
     if unknown:
-        accepted = "twins, no-blocks, no-native, stock-linear, stock"
+        accepted = "twins, no-native, stock-linear, stock"
         p.error(f"--variants {a.variants}: accepted {accepted}")
     model, _ = load(a.model, settings=from_env(dict(os.environ)))
     fast_ops.install(model)

@@ -7,7 +7,7 @@ level of concurrency, interleaved; plus whether every request's tokens are the s
         [--compare-split]
 
 --compare-split also times adaspec's batch with attention through mlx-lm's module once per
-request (the shared attention path of targets/batch_attention.py off), in turn with the others.
+request (targets/batch.py's shared path, the native nodes, off), in turn with the others.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> int:
     ap.add_argument(
         "--compare-split", action="store_true",
         help="also time adaspec with attention through mlx-lm's module once per request "
-        "(targets/batch.py without batch_attention.py's shared path), taking turns",
+        "(targets/batch.py without its shared native path), taking turns",
     )  # fmt: skip
     a = ap.parse_args()
 

@@ -1,5 +1,6 @@
-"""adaspec's own mlx primitive (kernels/native.py): attention in one graph node with stock
-mlx's bits, and the graph of mlx ops wherever the extension cannot be built."""
+"""adaspec's own mlx primitives (kernels/native.py): attention, the cache nodes, projections
+and decoder layers in one graph node each with stock mlx's bits, and mlx's own ops wherever
+the extension cannot be built."""
 
 # isort: off
 import adaspec  # noqa: F401  (BLAS and the JIT wrapper before mlx)
@@ -88,7 +89,7 @@ def test_bad_shapes_are_refused_with_what_is_accepted() -> None:
         core().attention_core(*qkv(3, 9, 3, 8, 4), 0.1, True, False)
 
 
-def test_without_a_compiler_attention_stays_mlx_ops(tmp_path, monkeypatch) -> None:
+def test_without_a_compiler_attention_is_mlx_own(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(native, "_status", None)
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
@@ -101,41 +102,6 @@ def test_without_a_compiler_attention_stays_mlx_ops(tmp_path, monkeypatch) -> No
     dot = io.StringIO()
     mx.export_to_dot(dot, out)
     assert "AttentionCore" not in dot.getvalue() and same_bits(out, ref)
-
-
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "rows", "contexts"),
-    [
-        (9, 3, [1, 1, 1, 1], [5, 200, 31, 2048]),  # four requests decoding
-        (9, 3, [1, 8, 4, 1, 3], [40, 208, 60, 1, 9]),  # verifies and plain steps mixed
-        (14, 2, [16, 2], [300, 5000]),  # 32 folded rows, then 4
-        (9, 3, [11], [11]),  # one sequence, a first chunk
-        (4, 4, [3, 40], [50, 100]),  # a prefill-sized sequence beside a verify
-    ],
-)
-def test_attention_rows_gives_each_sequence_its_solo_bits(heads, kv_heads, rows, contexts):
-    """Several sequences' query rows side by side, each with its own KV cache slice: every
-    sequence's output rows are what sdpa (and mlx's fast SDPA) gives it alone."""
-    seqs = [qkv(i * 7 + n, heads, kv_heads, n, s, spare=11) for i, (n, s) in enumerate(
-        zip(rows, contexts))]  # fmt: skip
-    q = mx.concatenate([s[0] for s in seqs], axis=2)
-    rep = heads // kv_heads
-    fold = [rep > 1 and attention._folds(rep * n, s[1]) for n, s in zip(rows, seqs)]
-    out = core().attention_rows(q, [s[1] for s in seqs], [s[2] for s in seqs], rows, fold, 0.125)
-    refs = []
-    for n, (qi, ki, vi) in zip(rows, seqs):
-        mask = "causal" if n > 1 else None
-        ref = mx.fast.scaled_dot_product_attention(qi, ki, vi, scale=0.125, mask=mask)
-        refs.append(ref.transpose(0, 2, 1, 3).reshape(1, n, -1))
-    assert same_bits(out, mx.concatenate(refs, axis=1))
-
-
-def test_attention_rows_refuses_rows_that_do_not_add_up():
-    q, k, v = qkv(5, 9, 3, 4, 30)
-    with pytest.raises(ValueError, match="add up"):
-        core().attention_rows(q, [k, k], [v, v], [1, 2], [True, True], 0.1)
-    with pytest.raises(ValueError, match="one key, value"):
-        core().attention_rows(q, [k], [v, v], [4], [True], 0.1)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 8, 32, 40])
@@ -167,7 +133,11 @@ def test_mlp_and_attention_twins_keep_the_logits_and_come_off(arch):
 
     model, fresh = tiny_model(arch), tiny_model(arch)
     layers.install(model)  # the RoPE twin's angles are what the native attention reads
-    mlps = [m for _, m in model.named_modules() if type(m).__name__ in ("MLP", "Attention")]
+    mlps = [
+        m
+        for _, m in model.named_modules()
+        if (type(m).__module__, type(m).__name__) in native_layers.COVERED
+    ]
     assert native_layers.install(model) == len(mlps) > 0
     assert native_layers.install(model) == 0  # once only
     tokens = mx.array([[5, 17, 99, 3, 42, 7, 8, 250, 1, 2, 3]])
@@ -176,15 +146,22 @@ def test_mlp_and_attention_twins_keep_the_logits_and_come_off(arch):
         out = model(chunk, cache=c1)
         dot = io.StringIO()
         mx.export_to_dot(dot, out)
-        assert "Linears" in dot.getvalue()
-        if chunk.shape[1] < 9:  # after the prefill grew the cache: RoPE, cache and attention
-            assert "AttentionCache" in dot.getvalue() and "SliceUpdate" not in dot.getvalue()
+        if arch == "llama" and chunk.shape[1] < 9:  # after the prefill grew the cache
+            assert "DecoderLayer" in dot.getvalue()  # the layer twin: one node
+        elif arch == "qwen3":  # q/k norms: the attention and MLP twins
+            assert "Linears" in dot.getvalue()
+            if chunk.shape[1] < 9:  # RoPE, cache and attention
+                assert "AttentionCache" in dot.getvalue() and "SliceUpdate" not in dot.getvalue()
         assert same_bits(out, fresh(chunk, cache=c2))
         assert c1[0].offset == c2[0].offset
         assert same_bits(c1[0].keys[..., : c1[0].offset, :], c2[0].keys[..., : c2[0].offset, :])
     assert native_layers.uninstall(model) == len(mlps)
-    stock = [m for _, m in fresh.named_modules() if type(m).__name__ in ("MLP", "Attention")]
-    assert all(type(m) is type(f) for m, f in zip(mlps, stock))
+    stock = [
+        m
+        for _, m in fresh.named_modules()
+        if (type(m).__module__, type(m).__name__) in native_layers.COVERED
+    ]
+    assert len(stock) == len(mlps) and all(type(m) is type(f) for m, f in zip(mlps, stock))
 
 
 def _cache_with(rng, kv_heads, context, dim=64):
@@ -197,48 +174,22 @@ def _cache_with(rng, kv_heads, context, dim=64):
     return a, b
 
 
-@pytest.mark.parametrize("contexts,rows", [([200], [1]), ([10], [8]), ([255], [1]),
-                                           ([100, 7, 31], [3, 1, 8])])  # fmt: skip
-def test_attention_cache_writes_and_attends_as_mlx_lm(contexts, rows):
-    """Cache writes and attention of several sequences in one node: the outputs and every
-    cache's contents equal mlx-lm's update_and_fetch followed by mlx's fast SDPA."""
-    rng = np.random.default_rng(sum(contexts))
-    pairs = [_cache_with(rng, 3, c) for c in contexts]
-
-    def rows_of(heads, n):
-        x = rng.standard_normal((1, n, heads, 64)).astype(np.float32)
-        return mx.array(x).transpose(0, 2, 1, 3)
-
-    qs, ks, vs = ([rows_of(h, n) for n in rows] for h in (9, 3, 3))
-    refs = []
-    for (ref, _), q, k, v, n in zip(pairs, qs, ks, vs, rows):
-        keys, values = ref.update_and_fetch(k, v)
-        mask = "causal" if n > 1 else None
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=mask)
-        refs.append(out.transpose(0, 2, 1, 3).reshape(1, n, -1))
-    ours = [c for _, c in pairs]
-    offsets = [c.offset for c in ours]
-    fold = [attention._folds(3 * n, c.keys[:, :, : o + n]) for n, o, c in zip(rows, offsets, ours)]
-    out = core().attention_cache(
-        *(mx.concatenate(a, axis=2) for a in (qs, ks, vs)),
-        [c.keys for c in ours], [c.values for c in ours], rows, offsets, fold, 0.125,
-    )  # fmt: skip
-    for i, c in enumerate(ours):
-        c.keys, c.values, c.offset = out[1 + 2 * i], out[2 + 2 * i], c.offset + rows[i]
-    assert same_bits(out[0], mx.concatenate(refs, axis=1))
-    for (ref, _), c in zip(pairs, ours):
-        assert c.offset == ref.offset
-        assert same_bits(c.keys[..., : c.offset, :], ref.keys[..., : ref.offset, :])
-        assert same_bits(c.values[..., : c.offset, :], ref.values[..., : ref.offset, :])
+def _rope_call(c, q, k, rows=1, offset=None):
+    """rope_attention_cache of one sequence with the identity rotation (cos 1, sin 0)"""
+    m = q.shape[1]
+    cos, sin = mx.ones((m, 32)), mx.zeros((m, 32))
+    offset = c.offset if offset is None else offset
+    return core().rope_attention_cache(
+        q, k, k, cos, sin, 64, 9, 3, [c.keys], [c.values], [rows], [offset], [True], 0.1
+    )
 
 
-def test_attention_cache_refuses_a_buffer_without_room():
+def test_rope_attention_cache_refuses_a_buffer_without_room():
     rng = np.random.default_rng(1)
     _, c = _cache_with(rng, 3, 250)
-    q = mx.zeros((1, 9, 8, 64))
-    k = mx.zeros((1, 3, 8, 64))
+    q, k = mx.zeros((1, 8, 9 * 64)), mx.zeros((1, 8, 3 * 64))
     with pytest.raises(ValueError, match="room for offset"):
-        core().attention_cache(q, k, k, [c.keys], [c.values], [8], [250], [True], 0.1)
+        _rope_call(c, q, k, rows=8, offset=250)
 
 
 def test_attend_rows_gives_each_sequence_its_solo_attention():
@@ -276,19 +227,24 @@ def test_attend_rows_gives_each_sequence_its_solo_attention():
 
 
 def test_gradients_through_the_native_nodes_are_mlx_ones():
-    """A drafter trained through them (DFlash calls attention.fast_sdpa) gets the gradients
-    of mlx's own attention and matmuls."""
+    """A drafter trained through them (DFlash calls attention.sdpa, with an array mask) gets
+    the gradients of mlx's own attention and matmuls."""
     q, k, v = qkv(9, 9, 3, 4, 40)
     w = mx.random.normal((1, 9, 4, 64))
+    keep = mx.array(np.random.default_rng(4).random((4, 40)) < 0.7)
+    for mask in ("causal", keep):
+        causal = isinstance(mask, str)
 
-    def ours(q, k, v):
-        return (core().attention_core(q, k, v, 0.125, True, True) * w).sum()
+        def ours(q, k, v, mask=mask, causal=causal):
+            m = None if causal else mask
+            return (core().attention_core(q, k, v, 0.125, causal, True, m) * w).sum()
 
-    def stock(q, k, v):
-        return (mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal") * w).sum()
+        def stock(q, k, v, mask=mask):
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+            return (out * w).sum()
 
-    for a, b in zip(mx.grad(ours, (0, 1, 2))(q, k, v), mx.grad(stock, (0, 1, 2))(q, k, v)):
-        assert same_bits(a, b)
+        for a, b in zip(mx.grad(ours, (0, 1, 2))(q, k, v), mx.grad(stock, (0, 1, 2))(q, k, v)):
+            assert same_bits(a, b)
     x, w1, w2, b2 = (mx.random.normal(s) for s in ((1, 3, 16), (8, 16), (5, 16), (5,)))
 
     def lin(x, w1, w2, b2):
@@ -309,12 +265,12 @@ def test_cache_buffers_are_written_in_place_only_when_nothing_else_holds_them():
     decoding step); one held elsewhere is copied first, and the holder sees it unchanged."""
     rng = np.random.default_rng(2)
     _, c = _cache_with(rng, 3, 40)
-    q = mx.array(rng.standard_normal((1, 9, 1, 64)).astype(np.float32))
-    k = mx.array(rng.standard_normal((1, 3, 1, 64)).astype(np.float32))
+    q = mx.array(rng.standard_normal((1, 1, 9 * 64)).astype(np.float32))
+    k = mx.array(rng.standard_normal((1, 1, 3 * 64)).astype(np.float32))
     held = c.keys
     before = np.array(held)
     copies = core().buffer_copies()
-    out = core().attention_cache(q, k, k, [c.keys], [c.values], [1], [c.offset], [True], 0.1)
+    out = _rope_call(c, q, k)
     c.keys, c.values, c.offset = out[1], out[2], c.offset + 1
     mx.eval(out[0])
     assert core().buffer_copies() == copies + 1  # the keys: held; the values: donated
@@ -322,7 +278,7 @@ def test_cache_buffers_are_written_in_place_only_when_nothing_else_holds_them():
     del held, out
     for _ in range(3):  # steady decoding: nothing else holds the buffers
         copies = core().buffer_copies()
-        out = core().attention_cache(q, k, k, [c.keys], [c.values], [1], [c.offset], [True], 0.1)
+        out = _rope_call(c, q, k)
         c.keys, c.values, c.offset = out[1], out[2], c.offset + 1
         mx.eval(out[0])
         del out

@@ -30,7 +30,6 @@ OPS = {
     "precise_swiglu": lambda x: act.precise_swiglu(x, x, x[::-1]),
     "swiglu_oai": lambda x: act.swiglu_oai(x, x[::-1]),
     "exp_shifted": lambda x: sm.exp_shifted(x, x[:1]),
-    "normalize": lambda x: sm.normalize(x, mx.abs(x[:1])),
 }
 """
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mlx.utils import tree_flatten
 
 # isort: on
-from adaspec.kernels import blocks, fast_ops, layers
+from adaspec.kernels import fast_ops, layers
 
 
 def same_bits(a: mx.array, b: mx.array) -> bool:
@@ -152,45 +152,17 @@ def test_install_swaps_instances_and_keeps_logits(arch) -> None:
         assert same_bits(model(chunk, cache=c1), fresh(chunk, cache=c2))
 
 
-def test_fast_ops_install_reports_what_it_changed() -> None:
-    import sys
-
-    from mlx_lm.models import base
-    from tiny import tiny_model
-
-    model = tiny_model("llama")
-    module = sys.modules[type(model).__module__]
-    module.scaled_dot_product_attention = base.scaled_dot_product_attention  # as if never routed
-    try:
-        done = fast_ops.install(model)
-    finally:
-        module.scaled_dot_product_attention = base.scaled_dot_product_attention
-    if not fast_ops.attention.enabled():
-        assert done == fast_ops.Installed([], 0)
-    else:
-        # 5 norms, 2 RoPE, 2 x 7 linears; native_layers' MLPs and attention (2 + 2) where the
-        # extension is built; blocks.py's 2 decoder blocks, and its 2 attention twins otherwise
-        assert done.attention_modules == [module.__name__] and done.layers == 21
-        assert done.native_mlps in (0, 4)
-        assert done.blocks == (2 if done.native_mlps else 4)
-        assert fast_ops.install(model).blocks == 0
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("context", [200, 2000])
 def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
     """SmolLM2 (weights as the loader gives them: stored bits where the router runs) with
-    every twin (blocks.py's included) and the attention path against the same weights in
-    stock mlx-lm modules: the prefill, a 1-row step at a new position and an 8-row verify,
-    bit for bit."""
-    import sys
-
-    from mlx_lm.models import base
+    every fast path against the same weights with them taken off (fast_ops.uninstall: stock
+    mlx-lm modules and names): the prefill, a 1-row step at a new position and an 8-row
+    verify, bit for bit."""
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
     model, _ = smollm2
-    fast_ops.install(model)
-    module = sys.modules[type(model).__module__]
+    done = fast_ops.install(model)
     tokens = mx.arange(context + 9)[None] * 7 % 900 + 10
 
     def logits() -> list[np.ndarray]:
@@ -202,30 +174,16 @@ def test_real_model_logits_equal_stock_mlx(smollm2, context) -> None:
         return out
 
     ours = logits()
-    swaps = [
-        (p, k, c)
-        for _, p in model.named_modules()
-        for k, c in p.items()
-        if layers.stock(c) is not None
-    ]
-    routed = module.scaled_dot_product_attention
-    assert len(swaps) == 30 * 10 + 1  # a layer's 7 linears, 2 norms and RoPE; the last norm
-    assert routed is not base.scaled_dot_product_attention
-    from adaspec.kernels import native_layers
-
     try:
-        module.scaled_dot_product_attention = base.scaled_dot_product_attention
-        # each layer's block, and its attention where native_layers' did not take it
-        assert blocks.uninstall(model) in (30, 30 * 2)
-        for parent, key, child in swaps:
-            parent[key] = layers.stock(child)
-        native_layers.uninstall(model)
+        off = fast_ops.uninstall(model)
+        # a layer's 7 linears, 2 norms and RoPE; the last norm
+        assert off.layers == 30 * 10 + 1
+        if fast_ops.attention.enabled():
+            assert off.attention_modules and off.generate_logsumexp
         stock = logits()
     finally:
-        module.scaled_dot_product_attention = routed
-        for parent, key, child in swaps:  # the session's model keeps its twins
-            parent[key] = child
-        native_layers.install(model)
-        blocks.install(model)
+        fast_ops.install(model)  # the session's model keeps its fast paths
+    assert fast_ops.install(model).layers == 0
+    assert done.layers in (0, 30 * 10 + 1)
     for a, b in zip(ours, stock, strict=True):
         assert a.shape == b.shape and (a.view(np.uint32) == b.view(np.uint32)).all()

@@ -82,7 +82,7 @@ def _serve_together(model, tok, reqs, refs) -> tuple[list[list[int]], Batch]:
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def twins(request):
     """A tiny model with the layer twins: the batch's forwards take the shared attention path
-    (targets/batch_attention.py)"""
+    (the native nodes of kernels/native_layers.py)"""
     from tiny import tiny_model
 
     from adaspec.kernels import layers

@@ -147,13 +147,11 @@ class Channel:
 
 
 def local_target(model: Any, tokenizer: Any, world: World, prefill_step: int) -> ShardedKV:
-    from ..kernels import fast_ops
     from .shard import sharding
 
     s = sharding(model)
     if s is None:
         raise DistributedError("the model is not sharded; accepted: a model passed to shard()")
-    fast_ops.install(model)
     return ShardedKV(model, tokenizer, s, world, prefill_step=prefill_step)
 
 

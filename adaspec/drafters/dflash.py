@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
-from ..kernels import fast_ops
+from ..kernels import attention, layers
 from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..kernels.softmax import fast_logsumexp
 from ..settings import Settings
@@ -326,7 +326,8 @@ def shared_model(
         entry = _MODELS.get(key)
         if entry is None:
             model = load_model(folder, info)
-            fast_ops.install(model)  # CPU fast paths, stock mlx's bits (kernels/fast_ops.py)
+            if attention.enabled():  # RoPE / RMSNorm / Linear twins, stock mlx's bits
+                layers.install(model)
             entry = (model, shadow_model(model) if weights == "bf16" else None)
             while len(_MODELS) >= MODELS_KEPT:
                 _MODELS.pop(next(iter(_MODELS)))

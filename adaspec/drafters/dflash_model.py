@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..errors import DrafterError, ModelLoadError
-from ..kernels.attention import fast_sdpa
+from ..kernels.attention import sdpa
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 ARCHITECTURE = "DFlashDraftModel"
@@ -217,7 +217,7 @@ class Attention(nn.Module):
 
         keys = mx.concatenate([ctx_k, group(k)], axis=2)
         values = mx.concatenate([ctx_v, group(v)], axis=2)
-        o = fast_sdpa(group(q), keys, values, scale=self.head_dim**-0.5, mask=mask)
+        o = sdpa(group(q), keys, values, scale=self.head_dim**-0.5, mask=mask)
         o = o.reshape(S, self.n_heads, N // S, B, -1).transpose(0, 2, 3, 1, 4)
         return self.o_proj(o.reshape(N, B, -1))
 

@@ -326,10 +326,7 @@ def load_shared(
     from ..targets.loader import load
 
     log.info("loading draft model %s (%s weights)", path_or_name, weights)
-    from ..kernels import fast_ops
-
-    model, tokenizer = load(path_or_name, settings=settings)
-    fast_ops.install(model)
+    model, tokenizer = load(path_or_name, settings=settings)  # on the fast paths, as any load
     return model, tokenizer, shadow_model(model) if weights == "bf16" else None
 
 

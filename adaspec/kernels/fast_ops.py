@@ -1,34 +1,64 @@
-"""The CPU fast paths of one model, each bit for bit stock mlx: attention on the vectorized
-softmax (attention.py), RoPE, RMSNorm and Linear twins (layers.py), Llama / Qwen2 attention and
-decoder blocks in fewer graph nodes (blocks.py), mlx-lm's decoding loop on the
-vectorized logsumexp (mlx_lm_generate.py), on top of mlx's JIT kernels built
-for this CPU (jit.py). ADASPEC_FAST_OPS=off, another device or platform: nothing changes."""
+"""The CPU fast paths, installed on a model by one explicit call and taken off by another.
+
+`install(model)` (made by `adaspec.load`, and so by every CLI command that loads a model)
+puts the model on adaspec's kernels, each with stock mlx's bits (docs/fast_ops.md):
+
+- in `model` only: its nn.RoPE, nn.RMSNorm and nn.Linear instances replaced by the twins of
+  layers.py; its llama / qwen2 / qwen3 MLP, Attention and TransformerBlock instances given the
+  twin classes of native_layers.py (native nodes; mlx-lm's own code where they do not apply);
+- in this process, for every model of the same architectures: the mlx-lm model modules'
+  `scaled_dot_product_attention` name routed to attention.py (native attention, else
+  mlx-lm's), and the `mx` name inside `mlx_lm.generate` to mlx_lm_generate.py's view (the
+  vectorized logsumexp), so mlx-lm's own generation pays what adaspec's loop pays.
+
+`uninstall(model)` restores all of it: the model's own classes and stock modules (holding
+the same arrays), and mlx-lm's names. Nothing else in adaspec changes mlx-lm's names or a
+caller's model: `make_target` on a model of one's own runs it as it is. `installed()` lists
+what is in place (printed by `adaspec doctor`). ADASPEC_FAST_OPS=off, another device or
+platform: `install` changes nothing.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, blas, blocks, layers, mlx_lm_generate, native_layers
+from . import attention, blas, layers, mlx_lm_generate, native_layers
 
 
 @dataclass(frozen=True)
 class Installed:
-    attention_modules: list[str]  # mlx-lm model modules whose attention is routed
+    attention_modules: list[str]  # mlx-lm model modules whose attention name is adaspec's
     layers: int  # nn.RoPE / nn.RMSNorm / nn.Linear instances replaced by their twins
-    generate_logsumexp: bool = False  # mlx_lm.generate's logsumexp on the vectorized kernel
-    native_mlps: int = 0  # MLPs whose gate and up projections run in one native node
-    blocks: int = 0  # Attention / TransformerBlock instances given blocks.py's twin class
+    generate_logsumexp: bool = False  # mlx_lm.generate's `mx` is the vectorized logsumexp's view
+    native: int = 0  # MLP / Attention / TransformerBlock instances given a native twin class
 
 
 def install(model: Any) -> Installed:
-    """Route `model` (an mlx-lm model or one of ours) through the fast paths where they are
-    enabled (attention.enabled: the JIT wrapper is active and the device is the CPU)."""
+    """Put `model` (an mlx-lm model) and mlx-lm's names on the fast paths where they are
+    enabled (attention.enabled: the JIT wrapper is active and the device is the CPU); returns
+    what changed. Calling it again changes nothing more."""
     if not attention.enabled():
         return Installed([], 0)
     routed = attention.install(model)
     twins = layers.install(model)
     loop = mlx_lm_generate.install()
-    mlps = native_layers.install(model) if blas.routed() else 0
-    # after native_layers: its one-node attention keeps the Attention instances it takes
-    return Installed(routed, twins, loop, mlps, blocks.install(model))
+    native = native_layers.install(model) if blas.routed() else 0
+    return Installed(routed, twins, loop, native)
+
+
+def uninstall(model: Any = None) -> Installed:
+    """Take the fast paths off `model` (when given) and give mlx-lm its own names back;
+    returns what was restored."""
+    native = native_layers.uninstall(model) if model is not None else 0
+    twins = layers.uninstall(model) if model is not None else 0
+    return Installed(attention.uninstall(), twins, mlx_lm_generate.uninstall(), native)
+
+
+def installed() -> dict[str, Any]:
+    """The process-wide names in place: mlx-lm model modules routed to adaspec's attention,
+    and whether mlx_lm.generate runs the vectorized logsumexp."""
+    return {
+        "attention_modules": attention.installed(),
+        "generate_logsumexp": mlx_lm_generate.installed(),
+    }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import threading
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -25,7 +24,6 @@ import mlx.nn as nn
 _ANGLES = 8  # (cos, sin) pairs kept: a step's q and k of every layer share one
 # (dims, base, scale, offset, rows) -> (cos, sin), shared by every twin of the same RoPE
 _SHARED: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()
-_BY_ROW: OrderedDict[tuple, tuple[mx.array, mx.array]] = OrderedDict()  # the same, [n, 1, d/2]
 # RMSNorm up to RMS_ROWS rows: one kernel after the sum (rsqrt per element); up to
 # RMS_MAX_ROWS: the rows' factors rsqrt(mean + eps) in one kernel, then x * factor * weight in
 # another (a kernel broadcasting two operands with runtime strides falls behind mlx's separate
@@ -88,19 +86,6 @@ class ExactRoPE(nn.Module):
                 _SHARED.popitem(last=False)
         return hit
 
-    def cos_sin_by_row(self, offset: int, n: int) -> tuple[mx.array, mx.array]:
-        """`_cos_sin` shaped [n, 1, dims / 2], to meet heads viewed as [..., n, 2, dims / 2]
-        (kernels/blocks.py); made once for all layers, as `_cos_sin`"""
-        key = (*self._key, offset, n)
-        hit = _BY_ROW.get(key)
-        if hit is None:  # positions as a constant [n, 1]: the angles come out [n, 1, dims / 2]
-            pos = mx.array([[float(i)] for i in range(n)], mx.float32)
-            hit = _angles(pos, mx.array(offset, mx.int32), self._scale, self._inv_freqs)
-            _BY_ROW[key] = hit
-            if len(_BY_ROW) > _ANGLES:
-                _BY_ROW.popitem(last=False)
-        return hit  # type: ignore[return-value]
-
     def __call__(self, x: mx.array, offset: Any = 0) -> mx.array:
         if self.traditional or x.ndim != 4 or x.dtype != mx.float32 or type(offset) is not int:
             return self._fallback(x, offset)
@@ -137,22 +122,6 @@ def _rows(x: mx.array) -> int:
     return x.size // max(x.shape[-1], 1)
 
 
-_kept = threading.local()
-
-
-def keep_square(x: mx.array, square: mx.array) -> None:
-    """Keep `mx.square(x)`, made in the kernel that formed x (kernels/blocks.py), for the
-    ExactRMSNorm that receives this very array next (one per thread; taken once)."""
-    _kept.pair = (x, square)
-
-
-def take_square(x: mx.array) -> mx.array | None:
-    """The square kept with x by `keep_square`, if x is that array; the slot is emptied."""
-    pair = getattr(_kept, "pair", None)
-    _kept.pair = None
-    return pair[1] if pair is not None and pair[0] is x else None
-
-
 class ExactRMSNorm(nn.Module):
     """nn.RMSNorm for fp32 inputs with mx.fast.rms_norm's CPU fallback arithmetic."""
 
@@ -162,21 +131,11 @@ class ExactRMSNorm(nn.Module):
         self.weight = mx.ones((dims,))
 
     def __call__(self, x: mx.array) -> mx.array:
-        square = take_square(x)
-        if not self.fuses(x):
-            return mx.fast.rms_norm(x, self.weight, self.eps)
-        return self.from_square(x, mx.square(x) if square is None else square)
-
-    def fuses(self, x: mx.array) -> bool:
-        """whether this twin evaluates x itself (else mx.fast.rms_norm does)"""
-        return (
+        if not (
             _rows(x) <= RMS_MAX_ROWS and x.dtype == mx.float32 and self.weight.dtype == mx.float32
-        )
-
-    def from_square(self, x: mx.array, square: mx.array) -> mx.array:
-        """the norm of x given `mx.square(x)` (made elsewhere, e.g. in the kernel that forms x);
-        for inputs where `fuses(x)`"""
-        total = mx.sum(square, -1, keepdims=True)
+        ):
+            return mx.fast.rms_norm(x, self.weight, self.eps)
+        total = mx.sum(mx.square(x), -1, keepdims=True)
         inv_n, eps = self._constants(x.shape[-1])
         if _rows(x) <= RMS_ROWS:
             return _normalize(x, total, inv_n, eps, self.weight)
@@ -260,4 +219,17 @@ def install(model: Any) -> int:
                 swaps.append((parent, key, twin))
     for parent, key, twin in swaps:
         parent[key] = twin
+    return len(swaps)
+
+
+def uninstall(model: Any) -> int:
+    """Put the stock nn module back for every twin `install` placed in `model` (holding the
+    same arrays); returns how many."""
+    swaps = []
+    for _, parent in model.named_modules():
+        for key, child in parent.items():
+            if isinstance(child, (ExactRoPE, ExactRMSNorm, ExactLinear)):
+                swaps.append((parent, key, stock(child)))
+    for parent, key, module in swaps:
+        parent[key] = module
     return len(swaps)

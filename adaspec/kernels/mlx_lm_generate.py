@@ -6,7 +6,8 @@ loop uses `softmax.logsumexp`, which gives the same bits faster; so that a ratio
 mlx-lm's AR in the same process measures speculation alone, `install` gives `mlx_lm.generate`
 a view of `mlx.core` whose `logsumexp` takes the same path where it applies (fp32, the CPU,
 the JIT wrapper active, a reduction over the last axis kept as a dimension) and calls mlx's op
-everywhere else. Only the `mx` name inside `mlx_lm.generate` changes."""
+everywhere else. Only the `mx` name inside `mlx_lm.generate` changes; `uninstall` puts
+mlx.core back."""
 
 from __future__ import annotations
 
@@ -80,3 +81,11 @@ def install() -> bool:
 def installed() -> bool:
     module = sys.modules.get("mlx_lm.generate")
     return module is not None and getattr(module, "mx", None) is _CORE
+
+
+def uninstall() -> bool:
+    """Give `mlx_lm.generate` mlx.core back; returns whether the view was in place."""
+    if not installed():
+        return False
+    vars(sys.modules["mlx_lm.generate"])["mx"] = mx
+    return True

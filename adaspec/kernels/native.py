@@ -1,5 +1,9 @@
 """mlx primitives of adaspec's own, compiled against the installed mlx: a computation of many
-graph nodes in one (kernels/native_attention.cpp).
+graph nodes in one. One C++ file per primitive (native_attention.cpp: attention;
+native_kv_attention.cpp: RoPE, the KV cache write and attention; native_linears.cpp: several
+projections of one input; native_decoder_layer.cpp: a llama / qwen2 decoder layer;
+native_stored_rows.cpp: a stored embedding's rows), what they share in native.h, the Python
+bindings in native_module.cpp.
 
 On a small model mlx's fixed cost per graph node (the Python thread's eval and hand-off of each
 node to the stream thread) outweighs most of the ops themselves, so a node that does the work
@@ -29,7 +33,11 @@ from typing import Any
 from ..settings import get as get_settings
 from .blas import _cpu_flags, compile_into
 
-SOURCE = Path(__file__).with_name("native_attention.cpp")
+HERE = Path(__file__).parent
+SOURCES = tuple(HERE / f"native_{n}.cpp" for n in (
+    "attention", "kv_attention", "linears", "decoder_layer", "stored_rows", "module",
+))  # fmt: skip
+HEADER = HERE / "native.h"
 MODULE = "_adaspec_native"
 
 
@@ -74,7 +82,7 @@ def _command(out: Path) -> list[str]:
         "-shared", "-fPIC",
         "-fvisibility=hidden", "-DNDEBUG", "-DNB_DOMAIN=mlx",
         f"-I{nb / 'include'}", f"-I{nb / 'ext' / 'robin_map' / 'include'}", f"-I{py_include}",
-        f"-I{mlx_dir / 'include'}", str(SOURCE), str(nb / "src" / "nb_combined.cpp"),
+        f"-I{mlx_dir / 'include'}", *map(str, SOURCES), str(nb / "src" / "nb_combined.cpp"),
         f"-L{lib}", "-lmlx", f"-Wl,-rpath,{lib}", "-o", str(out),
     ]  # fmt: skip
 
@@ -82,7 +90,8 @@ def _command(out: Path) -> list[str]:
 def build(cache: Path) -> Path:
     """Compile the extension into `cache`/kernels once (a key of the source, the versions of
     Python, mlx and nanobind and this CPU's flags); returns its path."""
-    key = hashlib.sha256(SOURCE.read_bytes() + _versions() + _cpu_flags()).hexdigest()[:12]
+    text = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
+    key = hashlib.sha256(text + _versions() + _cpu_flags()).hexdigest()[:12]
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     out = cache / "kernels" / f"native-{key}" / f"{MODULE}{suffix}"
     if out.exists():
@@ -105,7 +114,7 @@ def _smoke(module: Any) -> None:
 
     q = mx.ones((1, 2, 1, 4))
     k = mx.ones((1, 1, 3, 4))
-    out = module.attention_core(q, k, k, 0.5, False, True)
+    out = module.attention_core(q, k, k, 0.5, False, True, None)
     mx.eval(out)
     if out.shape != (1, 2, 1, 4):
         raise RuntimeError(f"smoke test gave shape {out.shape}")

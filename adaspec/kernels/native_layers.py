@@ -1,22 +1,25 @@
 """mlx-lm modules whose work runs in few graph nodes of adaspec's own (kernels/native.py):
 
-- the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
-  (the function its source calls) and `down_proj`;
-- attention: q, k and v projections in one node (`linears`), then (after the module's q/k
-  norms, where it has them) RoPE, the KV cache write and attention in one more
-  (`rope_attention_cache`: ExactRoPE's arithmetic, mlx-lm's KVCache layout and sdpa's), then
-  the module's `o_proj`; the cache is left as its `update_and_fetch` leaves it;
-- a whole llama / qwen2 decoder layer (`decode_layer`, called by blocks.py's block twin): both
+- a whole llama / qwen2 decoder layer (the `TransformerBlock` twin, `decode_layer`): both
   norms, every projection, RoPE, the cache write, attention, swiglu and the residual sums in
-  one node (`decoder_layer`), where its parts are the twins above and the rows fit the
-  RMSNorm twin (up to layers.RMS_MAX_ROWS).
+  one node (`decoder_layer`), where its parts are the layer twins of kernels/layers.py and the
+  rows fit the RMSNorm twin (up to layers.RMS_MAX_ROWS);
+- attention, where the layer does not fit (qwen3's q/k norms, more rows): q, k and v
+  projections in one node (`linears`), then (after the module's q/k norms, where it has them)
+  RoPE, the KV cache write and attention in one more (`rope_attention_cache`: ExactRoPE's
+  arithmetic, mlx-lm's KVCache layout and mlx's attention), then the module's `o_proj`; the
+  cache is left as its `update_and_fetch` leaves it;
+- the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
+  (the function its source calls) and `down_proj`.
 
 `install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
-`Attention`) to a subclass made once per class, whose `__call__` takes the module's own
-`__call__` wherever the native path does not apply (no extension, sharded or quantized
-projections, a cache other than a plain KVCache with room for the rows, an array mask, a
-batch of more than one, another dtype or RoPE). `uninstall` gives the instances their
-classes back. Tests: tests/test_native.py, tests/test_ops_layers.py (SmolLM2, bit for bit).
+`Attention`; llama and qwen2 `TransformerBlock`) to a subclass made once per class, whose
+`__call__` takes the module's own `__call__` wherever the native path does not apply (no
+extension, sharded or quantized projections, a cache other than a plain KVCache with room for
+the rows, an array mask, a batch of more than one, another dtype or RoPE): that is mlx-lm's
+code, on mlx's ops. `uninstall` gives the instances their classes back. No mlx-lm class or
+module attribute changes. Tests: tests/test_native.py, tests/test_ops_layers.py (SmolLM2, bit
+for bit).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from .layers import RMS_MAX_ROWS, ExactLinear, ExactRMSNorm
 from .layers import ExactRoPE as ExactRope
 
 MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
-COVERED = {(m, c) for m in MODULES for c in ("MLP", "Attention")}
+COVERED = {(m, c) for m in MODULES for c in ("MLP", "Attention")} | {
+    (m, "TransformerBlock") for m in MODULES[:2]
+}
 PLAIN = (nn.Linear, ExactLinear)
 
 
@@ -234,17 +239,28 @@ def _attention_call(cls: type) -> Any:
     return __call__
 
 
+def _block_call(cls: type) -> Any:
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:  # noqa: N807
+        out = decode_layer(self, x, mask, cache)
+        return cls.__call__(self, x, mask, cache) if out is None else out
+
+    return __call__
+
+
+_CALLS = {"MLP": _mlp_call, "Attention": _attention_call, "TransformerBlock": _block_call}
+
+
 def _twin_class(cls: type) -> type:
     hit = _twins.get(cls)
     if hit is None:
-        call = _mlp_call(cls) if cls.__name__ == "MLP" else _attention_call(cls)
+        call = _CALLS[cls.__name__](cls)
         hit = _twins[cls] = type(cls.__name__, (cls,), {"__call__": call, "_native": cls})
     return hit
 
 
 def install(model: Any) -> int:
-    """Give each covered MLP of `model` its twin class (native extension permitting); returns
-    how many were changed."""
+    """Give each covered instance of `model` its twin class (native extension permitting);
+    returns how many were changed."""
     if native.get() is None:
         return 0
     changed = 0
@@ -257,6 +273,7 @@ def install(model: Any) -> int:
 
 
 def uninstall(model: Any) -> int:
+    """Give the instances `install` changed their mlx-lm class back; returns how many."""
     changed = 0
     for _, m in model.named_modules():
         base = type(m).__dict__.get("_native")

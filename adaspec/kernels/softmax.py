@@ -1,11 +1,11 @@
-"""Softmax and logsumexp over the last axis with a vectorized `exp`, bit for bit mlx's CPU ops.
+"""logsumexp over the last axis with a vectorized `exp`, bit for bit mlx's CPU op.
 
-mlx's CPU softmax and logsumexp (backend/cpu/softmax.cpp, logsumexp.cpp) evaluate `exp` one
-element at a time. Here the same arithmetic runs as mlx ops: the row max, `exp(x - max)` in a
-compiled kernel (vectorized by kernels/jit.py), the row sum from the left (mlx's reduction on
-x86 adds one element at a time from 0, as those files do), then softmax's multiply by `1 / sum`
-or logsumexp's `log(sum) + max` (`max` itself where it is infinite). Tests:
-tests/test_ops_attention.py.
+mlx's CPU logsumexp (backend/cpu/logsumexp.cpp) evaluates `exp` one element at a time. Here
+the same arithmetic runs as mlx ops: the row max, `exp(x - max)` in a compiled kernel
+(vectorized by kernels/jit.py), the row sum from the left (mlx's reduction on x86 adds one
+element at a time from 0, as that file does), then `log(sum) + max` (`max` itself where it is
+infinite). Attention's softmax runs inside the native node (kernels/native_attention.cpp).
+Tests: tests/test_ops_attention.py.
 """
 
 from __future__ import annotations
@@ -25,20 +25,8 @@ def exp_shifted(x: mx.array, maximum: mx.array) -> mx.array:
 
 
 @partial(mx.compile, shapeless=True)
-def normalize(e: mx.array, total: mx.array) -> mx.array:
-    return e * (1 / total)
-
-
-@partial(mx.compile, shapeless=True)
 def _log_total(total: mx.array, maximum: mx.array) -> mx.array:
     return mx.where(mx.isinf(maximum), maximum, mx.log(total) + maximum)
-
-
-def softmax(x: mx.array) -> mx.array:
-    """mx.softmax(x, axis=-1, precise=True) for fp32 x, with the same bits."""
-    maximum = mx.max(x, axis=-1, keepdims=True)
-    e = exp_shifted(x, maximum)
-    return normalize(e, mx.sum(e, axis=-1, keepdims=True))
 
 
 def logsumexp(x: mx.array) -> mx.array:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import TargetError
+
 if TYPE_CHECKING:  # the loaders import this package: it stays free of mlx until a target is made
     from ..settings import Settings
     from .base import Target
@@ -25,7 +27,8 @@ def make_target(
 ) -> Target:
     """Pick the adapter for `model` from its cache types: trim for KV caches, replay for
     recurrent state (`rollback` names the replay strategy; "auto" picks it per architecture).
-    pieces: how many pieces a forward's graph is handed to mlx in (CacheTarget)."""
+    pieces: how many pieces a forward's graph is handed to mlx in (CacheTarget). The model
+    runs as it is: `adaspec.load` puts it on the fast paths (kernels/fast_ops.install)."""
     target = _adapter(model, tokenizer, prefill_step, rollback)
     target.pieces = pieces  # type: ignore[attr-defined]
     return target
@@ -45,15 +48,14 @@ def target_for(model: Any, tokenizer: Any, settings: Settings) -> Target:
 def _adapter(model: Any, tokenizer: Any, prefill_step: int, rollback: str) -> Target:
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..kernels import fast_ops
     from .kv import KVTarget
     from .replay import ReplayTarget, has_recurrent_state
 
-    if getattr(model, "adaspec_sharding", None) is not None:  # split over ranks
-        from ..distributed.mirror import leader_target
-
-        return leader_target(model, tokenizer, prefill_step)  # type: ignore[return-value]
-    fast_ops.install(model)  # CPU fast paths with stock mlx's bits (kernels/fast_ops.py)
+    if getattr(model, "adaspec_sharding", None) is not None:  # split over ranks (distributed/)
+        raise TargetError(
+            "this model is split over ranks; accepted: adaspec.distributed.target_for, which "
+            "builds rank 0's mirrored target"
+        )
     if has_recurrent_state(make_prompt_cache(model)):
         return ReplayTarget(model, tokenizer, prefill_step=prefill_step, strategy=rollback)
     return KVTarget(model, tokenizer, prefill_step=prefill_step)

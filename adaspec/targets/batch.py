@@ -5,9 +5,9 @@ norms, the q/k/v/o projections, the MLP and the head run once over all M rows (t
 part: it streams the weights), while attention runs per sequence, on its own rows against its
 own cache, exactly as a forward of that sequence alone would: where the native extension runs
 a llama / qwen2 layer, the whole layer in one node for all sequences
-(kernels/native_layers.layer_rows); else with the layer twins on the routed kernel through
-batch_attention.py (per-row work once for all rows, per sequence only its cache update and
-attention core), else through mlx-lm's attention module per sequence.
+(kernels/native_layers.layer_rows); else, with the layer twins on the routed kernel, the
+attention of all sequences in two native nodes (native_layers.attend_rows); else (no native
+extension, a cache without room for its rows) through mlx-lm's attention module per sequence.
 With the routed small-M kernel a GEMM row's result is the same for every M up to its row
 limit, so each sequence's logits equal its solo forward's bit for bit while M stays within
 `MAX_ROWS`.
@@ -17,13 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from ..errors import TargetError
-from ..kernels import native_layers
-from . import batch_attention
+from ..kernels import blas, native_layers
+from ..kernels.layers import ExactRoPE
 from .base import Forward, layer_list, layer_output, model_type, spying
 from .kv import KVTarget
 
@@ -97,18 +98,67 @@ class _SplitAttention:
         return o_proj(mx.concatenate(outs, axis=1) if len(outs) > 1 else outs[0])
 
 
-class _SharedAttention:
-    """One layer's attention over the rows of several sequences in few graph nodes
-    (batch_attention.py): the per-row work once for all rows, per sequence only its cache
-    update and attention core. Its output is handed to mlx's stream at once (async_eval), so
-    the stream computes this layer while Python builds the next (4-10% off a forward of 4-8
-    requests on SmolLM2; the values are the same whenever they are computed)."""
+@dataclass
+class RowPlan:
+    """What every layer of one batched forward shares: each sequence's rows and cache offset,
+    and RoPE's angles for all rows (row r's at its own sequence's position)."""
 
-    def __init__(self, attn: Any, caches: list[Any], plan: batch_attention.RowPlan):
+    spans: list[tuple[int, int]]  # (first row, rows) per sequence
+    offsets: list[int]  # each sequence's cache offset before this forward
+    cos: mx.array  # [rows, dims / 2]
+    sin: mx.array
+
+
+def row_plan(attn: Any, spans: list[tuple[int, int]], offsets: list[int]) -> RowPlan:
+    """The shared part of a batched forward, from its first layer's attention."""
+    rope: ExactRoPE = attn.rope
+    angles = [rope._cos_sin(o, n) for o, (_, n) in zip(offsets, spans)]
+    cos = mx.concatenate([c for c, _ in angles]) if len(angles) > 1 else angles[0][0]
+    sin = mx.concatenate([s for _, s in angles]) if len(angles) > 1 else angles[0][1]
+    return RowPlan(spans, offsets, cos, sin)
+
+
+def unsupported(attn: Any, caches: list[Any]) -> str:
+    """Why this layer's attention cannot take the native nodes ("" when it can); the caller
+    then runs mlx-lm's attention once per sequence."""
+    from mlx_lm.models.cache import KVCache
+
+    rope = getattr(attn, "rope", None)
+    if type(rope) is not ExactRoPE or rope.traditional:
+        return f"RoPE {type(rope).__name__} (accepted: ExactRoPE, not traditional)"
+    if not blas.routed():
+        return "the routed GEMM kernel is not loaded"
+    if any(type(c) is not KVCache for c in caches):
+        return "a cache is not a plain KVCache"
+    if not all(hasattr(attn, a) for a in ("n_heads", "n_kv_heads", "scale")):
+        return f"{type(attn).__name__} lacks n_heads, n_kv_heads or scale"
+    proj = attn.q_proj
+    dtype = proj["scales"].dtype if "scales" in proj else proj["weight"].dtype
+    if dtype != mx.float32:  # ExactRoPE and the native nodes take fp32 arithmetic only
+        return f"q_proj computes in {dtype} (accepted: float32)"
+    return ""
+
+
+class _SharedAttention:
+    """One layer's attention over the rows of several sequences in two native nodes
+    (native_layers.attend_rows: q/k/v, then RoPE, every sequence's cache write and attention);
+    where that does not apply to a call (a cache without room for its rows, which mlx-lm's
+    update_and_fetch grows), mlx-lm's attention per sequence. Its output is handed to mlx's
+    stream at once (async_eval), so the stream computes this layer while Python builds the
+    next (the values are the same whenever they are computed)."""
+
+    def __init__(self, attn: Any, caches: list[Any], plan: RowPlan):
         self.attn, self.caches, self.plan = attn, caches, plan
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        out = batch_attention.attend(self.attn, x, self.caches, self.plan)
+        p = self.plan
+        for c, o in zip(self.caches, p.offsets):
+            if c.offset != o:
+                raise TargetError(f"cache offset {c.offset} != the plan's {o}")
+        rows = [n for _, n in p.spans]
+        out = native_layers.attend_rows(self.attn, x, self.caches, rows, p.cos, p.sin)
+        if out is None:
+            out = _SplitAttention(self.attn, self.caches, p.spans)(x)
         if EVAL_EACH_LAYER:
             mx.async_eval(out)
         return out
@@ -120,7 +170,7 @@ class _SharedLayer:
     solo forward); where that does not apply to a call, the block with its attention shared
     (_SharedAttention). Its output is handed to mlx's stream at once, as _SharedAttention's."""
 
-    def __init__(self, block: Any, caches: list[Any], plan: batch_attention.RowPlan):
+    def __init__(self, block: Any, caches: list[Any], plan: RowPlan):
         self.block, self.caches, self.plan = block, caches, plan
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
@@ -144,12 +194,12 @@ class _SharedLayer:
 
 def shared_unsupported(model: Any, targets: Sequence[KVTarget]) -> str:
     """Why a batched forward over `targets` runs attention through mlx-lm's module per
-    sequence rather than batch_attention's shared path ("" when it takes the shared path)."""
+    sequence rather than the native nodes' shared path ("" when it takes the shared path)."""
     layers = layer_list(model)
     keys = set()
     for i, layer in enumerate(layers):
         attn = layer["self_attn"]
-        why = batch_attention.unsupported(attn, [t.cache[i] for t in targets])
+        why = unsupported(attn, [t.cache[i] for t in targets])
         if why:
             return f"layer {i}: {why}"
         keys.add((attn.rope.dims, attn.rope.base, attn.rope.scale))
@@ -164,7 +214,7 @@ def _split(model: Any, targets: Sequence[KVTarget], spans: list[tuple[int, int]]
     originals = [layer["self_attn"] for layer in layers]
     plan = None
     if not shared_unsupported(model, targets):
-        plan = batch_attention.plan(originals[0], spans, [t.cache[0].offset for t in targets])
+        plan = row_plan(originals[0], spans, [t.cache[0].offset for t in targets])
     try:
         for i, layer in enumerate(blocks):
             caches = [t.cache[i] for t in targets]
