@@ -12,24 +12,16 @@ column of `adaspec bench`), adaspec-plain (`--drafter none`), adaspec-auto (the 
 drafter, or `--drafter SPEC`).
 
 `--server PATH` runs a llama-server binary instead (HTTP on 127.0.0.1, the same flags and
-request; the server is started once per mode, again before every ngram-mod run). Build one for
-this CPU from the sources vendored in PyPI's llama-cpp-python sdist (~10 min on 2 cores):
-
-    pip download --no-deps --no-binary :all: llama-cpp-python && tar xzf llama_cpp_python-*.tar.gz
-    cd llama_cpp_python-*/ && cmake -S vendor/llama.cpp -B build -G Ninja -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DCMAKE_BUILD_TYPE=Release \
-        && ninja -C build llama-server      # then --server $PWD/build/bin/llama-server
-
-Otherwise llama.cpp is the `xllamacpp` wheel from PyPI (2026.10.x): llama-server's code built
-into the wheel, called in process (Server.handle_chat_completions, no HTTP in the timing).
-The x86_64 wheel is a fixed AVX2 build, `get_system_info()`: SSE3 SSSE3 AVX AVX2 F16C FMA BMI2
-LLAMAFILE OPENMP REPACK; no AVX-512 even on a CPU that has it (`--server` runs a native build).
-The script prints it and saves it in the JSON. Flags, as llama-server spells them:
-`-m GGUF -t 2 -tb 2 -ngl 0 -np 1 -c 4096 --jinja --cache-ram 0` (the chat template stored in
-the GGUF, applied by llama.cpp to the messages adaspec's tokenizer gets), per request
-temperature 0, top_k 1, cache_prompt false; the n-gram modes add `--spec-type ngram-simple`
-(12-token key, up to 48 drafted) or `ngram-mod` (24-token key, 48-64 drafted), the defaults.
-Under load llama.cpp's OpenMP threads wait for each other and its rate collapses far more than
+request; the server is started once per mode, again before every ngram-mod run); otherwise
+llama.cpp is the `xllamacpp` wheel from PyPI, called in process. Both come from
+adaspec/bench/llama_server.py (whose docstring says how to build llama-server for this CPU),
+as `adaspec bench --peer llama.cpp` runs them; this script differs in sending the chat
+messages (`/v1/chat/completions`: llama.cpp applies the chat template stored in the GGUF)
+rather than adaspec's prompt ids, and in its extra modes. Flags, as llama-server spells them:
+`-m GGUF -t 2 -tb 2 -ngl 0 -np 1 -c 4096 --jinja --cache-ram 0`, per request temperature 0,
+top_k 1, cache_prompt false; the n-gram modes add `--spec-type ngram-simple` (12-token key, up
+to 48 drafted) or `ngram-mod` (24-token key, 48-64 drafted), the defaults. Under load
+llama.cpp's OpenMP threads wait for each other and its rate collapses far more than
 adaspec's: only idle runs compare.
 
 Decode tok/s is counted alike on both sides: the tokens after the first one (which prefill
@@ -44,19 +36,21 @@ the prompt is that its prompt token count equals adaspec's.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import socket
 import statistics
-import subprocess
-import tempfile
-import time
-import urllib.request
 from dataclasses import dataclass, field
+
+from adaspec.bench.llama_server import (
+    HttpServer,
+    LlamaServer,
+    ServerConfig,
+    WheelServer,
+    check_binary,
+)
 
 LLAMA = ("llama", "llama-ngram-simple", "llama-ngram-mod")
 MODES = (*LLAMA, "mlx-lm", "adaspec-plain", "adaspec-auto")
-SPEC = {"llama-ngram-simple": "NGRAM_SIMPLE", "llama-ngram-mod": "NGRAM_MOD"}
+SPEC = {"llama-ngram-simple": "ngram-simple", "llama-ngram-mod": "ngram-mod"}
 RATIOS = [("adaspec-plain", "llama"), *(("adaspec-auto", m) for m in LLAMA), ("mlx-lm", "llama")]
 
 
@@ -69,113 +63,15 @@ class Result:
     drafts: dict = field(default_factory=dict)  # llama.cpp's drafted / accepted counts
 
 
-def llama_params(gguf: str, threads: int, n_ctx: int, spec: str | None, verbose: bool):
-    import xllamacpp as xl
+def llama_runner(server: LlamaServer, spec: bool):
+    """A mode's runner: llama.cpp's chat completion of the messages."""
 
-    p = xl.CommonParams()
-    p.model.path = gguf
-    p.n_gpu_layers = 0
-    p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
-    p.n_parallel, p.n_ctx, p.cache_ram_mib, p.use_jinja = 1, n_ctx, 0, True
-    p.sampling.temp, p.sampling.top_k = 0.0, 1
-    p.port = 0  # any free port: several servers live in this process
-    if not verbose:
-        p.verbosity = -1
-    if spec:
-        p.speculative.types = [
-            getattr(xl.common_speculative_type, "COMMON_SPECULATIVE_TYPE_" + spec)
-        ]
-    return p
+    def run(messages: list[dict], ids: list[int], max_tokens: int) -> Result:
+        c = server.chat(messages, max_tokens)
+        drafts = {k: c.drafts.get(k, 0) for k in ("draft_n", "draft_n_accepted")} if spec else {}
+        return Result(c.text, c.n, c.decode_tok_s, c.prompt_tokens, drafts)
 
-
-class Llama:
-    """One llama.cpp server; `fresh` rebuilds it before every run."""
-
-    def __init__(self, params, spec: bool, fresh: bool) -> None:
-        self.params, self.spec, self.fresh, self.server = params, spec, fresh, None
-
-    def __call__(self, messages: list[dict], ids: list[int], max_tokens: int) -> Result:
-        import xllamacpp as xl
-
-        if self.fresh or self.server is None:
-            self.server = None  # the old one stops before the new one loads
-            self.server = xl.Server(self.params)
-        req = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 1}
-        return _result(
-            self.server.handle_chat_completions({**req, "cache_prompt": False}), self.spec
-        )
-
-
-class HttpLlama:
-    """A llama-server binary on a free local port; `fresh` restarts it before every run."""
-
-    def __init__(self, binary: str, args: list[str], spec: bool, fresh: bool) -> None:
-        self.cmd, self.spec, self.fresh = [binary, *args], spec, fresh
-        self.proc: subprocess.Popen | None = None
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log")  # noqa: SIM115
-        self.url = ""
-
-    def start(self) -> None:
-        self.stop()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = [*self.cmd, "--host", "127.0.0.1", "--port", str(port)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        atexit.register(self.stop)  # no server outlives the script
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"{' '.join(cmd)} exited: {self.log.read()[-2000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{' '.join(cmd)} did not answer /health in 60 s")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait()
-            self.proc = None
-
-    def system_info(self) -> str:
-        """The binary's version and build (`--version`)."""
-        out = subprocess.run([self.cmd[0], "--version"], capture_output=True, text=True)
-        return " ".join((out.stdout + out.stderr).split())
-
-    def __call__(self, messages: list[dict], ids: list[int], max_tokens: int) -> Result:
-        if self.fresh or self.proc is None:
-            self.start()
-        req = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "top_k": 1}
-        body = json.dumps({**req, "cache_prompt": False}).encode()
-        post = urllib.request.Request(
-            self.url + "/v1/chat/completions", body, {"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(post, timeout=600) as f:
-            r = json.load(f)
-        return _result(r, self.spec)
-
-
-def _result(r: dict, spec: bool) -> Result:
-    """A chat completion of llama-server's (wheel or binary) as a Result."""
-    if "choices" not in r:
-        raise RuntimeError(f"llama.cpp answered {r!r}")
-    t, choice = r["timings"], r["choices"][0]
-    n = t["predicted_n"] - (choice["finish_reason"] == "stop")  # EOS is not output
-    rate = (n - 1) / t["predicted_ms"] * 1e3 if n > 1 and t["predicted_ms"] > 0 else 0.0
-    drafts = {k: t.get(k, 0) for k in ("draft_n", "draft_n_accepted")} if spec else {}
-    return Result(choice["message"]["content"], n, rate, t["prompt_n"], drafts)
-
-
-def server_args(gguf: str, threads: int, n_ctx: int, spec: str | None) -> list[str]:
-    """llama-server's flags for the settings llama_params gives the wheel."""
-    args = ["-m", gguf, "-t", str(threads), "-tb", str(threads), "-ngl", "0", "-np", "1"]
-    args += ["-c", str(n_ctx), "--jinja", "--cache-ram", "0", "--temp", "0", "--top-k", "1"]
-    return args + (["--spec-type", spec.lower().replace("_", "-")] if spec else [])
+    return run
 
 
 def adaspec_runners(
@@ -223,15 +119,14 @@ def bench(args: argparse.Namespace) -> dict:
         raise SystemExit(f"--modes {','.join(bad)} unknown; accepted: {','.join(MODES)}")
     gguf = str(catalogue.require(args.model))
     suite = select(load_suite(args.suite), args.category, None, args.limit)
+    binary = check_binary(args.server) if args.server else None
     runners, tok = adaspec_runners(args.model, modes, args.drafter)
+    servers = {}
     for m in set(modes).intersection(LLAMA):
-        fresh = m == "llama-ngram-mod"
-        if args.server:
-            a = server_args(gguf, args.threads, args.ctx, SPEC.get(m))
-            runners[m] = HttpLlama(args.server, a, spec=m in SPEC, fresh=fresh)
-        else:
-            p = llama_params(gguf, args.threads, args.ctx, SPEC.get(m), args.verbose)
-            runners[m] = Llama(p, spec=m in SPEC, fresh=fresh)
+        cfg = ServerConfig(gguf, args.threads, args.ctx, SPEC.get(m), args.verbose)
+        backend = HttpServer(binary, cfg) if binary else WheelServer(cfg)
+        servers[m] = LlamaServer(backend, fresh=m == "llama-ngram-mod")
+        runners[m] = llama_runner(servers[m], spec=m in SPEC)
     runners = {m: runners[m] for m in modes}
     prompts = [(p, prompt_ids(tok, p.messages), args.max_tokens or p.max_tokens) for p in suite]
     for run in runners.values():  # warm-up
@@ -247,16 +142,15 @@ def bench(args: argparse.Namespace) -> dict:
     keys = ("model", "threads", "ctx", "repeats", "max_tokens", "drafter")
     config = {k: getattr(args, k) for k in keys}
     config |= {"gguf": gguf, "suite": args.suite or "adaspec/bench/prompts.jsonl"}
+    info = next((s.backend.build() for s in servers.values()), "")
     if args.server:
-        info = next((r.system_info() for r in runners.values() if isinstance(r, HttpLlama)), "")
         config |= {"llama_server": args.server, "llama_system_info": info}
-        for r in runners.values():
-            if isinstance(r, HttpLlama):
-                r.stop()
     else:
         import xllamacpp as xl
 
-        config |= {"xllamacpp": xl.__version__, "llama_system_info": xl.get_system_info().strip()}
+        config |= {"xllamacpp": xl.__version__, "llama_system_info": info}
+    for server in servers.values():
+        server.close()
     config["stored_weights"] = get().stored_weights
     return {"config": config, "records": records, "summary": summary(records, modes)}
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tiny import byte_tokenizer, save_tiny, tiny_model
 
 from adaspec.bench import Prompt, markdown, run_suite
-from adaspec.bench.peer import PeerConfig, spec_counts
+from adaspec.bench.mlx_spec import PeerConfig, SpecPeer, draft_of, spec_counts
 from adaspec.cli import bench as cli_bench
 from adaspec.cli import main
 from adaspec.errors import GenerationArgumentError
@@ -69,7 +69,7 @@ def test_suite_with_mlx_lm_spec_peer(peer_k, tmp_path):
         repeats=1,
         progress=False,
         use_template=False,
-        peer=peer,
+        peers=[SpecPeer(peer, TARGET, TOK, {})],
     )
     for r in res["records"]:
         assert r["identical"] and r["peer_identical"]  # T=0: all three emit AR's tokens
@@ -94,7 +94,7 @@ def test_sampled_suite_keeps_peer_accounting():
         progress=False,
         use_template=False,
         spec_kwargs={"temp": 0.7, "seed": 3},
-        peer=PeerConfig(DRAFT, k=2),
+        peers=[SpecPeer(PeerConfig(DRAFT, k=2), TARGET, TOK, {"temp": 0.7, "seed": 3})],
     )
     r = res["records"][0]
     assert r["peer_k"] == 2 and r["tokens"] == 12 and 0 <= r["peer_acceptance_first"] <= 1
@@ -108,6 +108,8 @@ def _args(**kw) -> argparse.Namespace:
         peer_k=0,
         peer_tune_prompts=2,
         peer_tune_tokens=48,
+        llama_server=None,
+        llama_threads=0,
     )
     return argparse.Namespace(**{**base, **kw})
 
@@ -119,15 +121,17 @@ def test_cli_peer_arguments_are_checked():
 
     info = target_info(DRAFT)
     spec = lambda s: plan(s, info, from_env({}))  # noqa: E731
-    assert cli_bench._peer(_args(peer=None), spec("pld")) is None
+    options = lambda **kw: cli_bench.peer_options(_args(**kw))  # noqa: E731
+    assert cli_bench.check_peers(_args(peer=None)) == []
+    assert cli_bench.check_peers(_args(peer="mlx-lm-spec,mlx-lm-spec")) == ["mlx-lm-spec"]
     with pytest.raises(GenerationArgumentError, match="--peer 'vllm' is unknown; accepted"):
-        cli_bench._peer(_args(peer="vllm", peer_draft="x"), spec("pld"))
+        cli_bench.check_peers(_args(peer="vllm", peer_draft="x"))
     with pytest.raises(GenerationArgumentError, match="needs a draft model"):
-        cli_bench._peer(_args(), spec("pld"))
+        draft_of(options(), spec("pld"))
+    assert draft_of(options(), spec("auto:draft-model:somewhere,min_p1=0.5")) == "somewhere"
+    assert draft_of(options(peer_draft="mine"), spec("draft-model:somewhere")) == "mine"
     with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
-        cli_bench._peer(_args(peer_k=99), spec("draft-model:somewhere"))
-    with pytest.raises(GenerationArgumentError, match="--peer-k=99"):
-        cli_bench._peer(_args(peer_k=99), spec("auto:draft-model:somewhere,min_p1=0.5"))
+        cli_bench.check_peers(_args(peer_k=99))
 
 
 def test_cli_bench_with_a_peer_draft_and_the_default_drafter(tmp_path):

@@ -96,7 +96,7 @@ def test_suite_with_the_stock_peer(folder):
     with StockPeer(StockSource(str(folder), False)) as stock:
         res = run_suite(
             TARGET, TOK, SUITE, drafter="pld", repeats=1, progress=False, use_template=False,
-            stock=stock,
+            peers=[stock],
         )  # fmt: skip
     for r in res["records"]:
         assert r["stock_identical"] and r["stock_tok_s"] > 0

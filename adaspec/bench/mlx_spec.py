@@ -1,5 +1,7 @@
-"""mlx-lm's own speculative decoding as a third bench column (`adaspec bench --peer mlx-lm-spec`):
-same target, same draft model, same prompt ids, interleaved with AR and adaspec."""
+"""mlx-lm's own speculative decoding as a peer (`adaspec bench --peer mlx-lm-spec`): same
+target, same draft model, same prompt ids, in this process, interleaved with AR and adaspec.
+Its record fields are `peer_*` (`peer_tok_s`, `spec_vs_peer`, `peer_identical`: its tokens
+against mlx-lm's AR, ...); its num_draft_tokens is given or picked on the first prompts."""
 
 from __future__ import annotations
 
@@ -11,14 +13,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import GenerationArgumentError
-from .timing import sampler, timed
+from .peers import Column, PeerKind, PeerOptions, PeerReport, PeerRequest, Runner, med_field
+from .timing import Run, sampler, timed
 
 log = logging.getLogger(__name__)
 
 SPEC_PEER = "mlx-lm-spec"
-# the peers `adaspec bench --peer` takes: this module's, and stock mlx-lm (bench/stock.py)
-PEERS = (SPEC_PEER, "mlx-lm-stock")
 K_CHOICES = (2, 3, 4, 5, 6)
+WARM_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -112,26 +114,6 @@ def tune_k(
     return best, med
 
 
-def peer_names(peer: str | None) -> list[str]:
-    """The peers a --peer value names (one, or several joined by commas), each checked."""
-    names = [n.strip() for n in (peer or "").split(",") if n.strip()]
-    for name in names:
-        if name not in PEERS:
-            raise GenerationArgumentError(
-                f"--peer {name!r} is unknown; accepted: {', '.join(PEERS)} (or both, joined by "
-                "a comma)"
-            )
-    return names
-
-
-def check_peer(peer: str | None, draft: str | None) -> None:
-    if SPEC_PEER in peer_names(peer) and not draft:
-        raise GenerationArgumentError(
-            "--peer mlx-lm-spec needs a draft model: --peer-draft PATH_OR_NAME, or "
-            "--drafter draft-model:PATH_OR_NAME (the same model is used)"
-        )
-
-
 def peer_fields(peer: list[Any], ar: list[Any], spec: list[Any], k: int) -> dict:
     """The peer's numbers for one prompt's bench record (medians over repeats)."""
     med = statistics.median
@@ -167,22 +149,98 @@ def peer_block(rs: list[dict]) -> dict:
     }
 
 
-def setup_peer(
-    cfg: PeerConfig, model: Any, tokenizer: Any, sampler_kwargs: dict, prompts: list[list[int]]
-) -> tuple[Callable[[list[int], int], Any], int, dict]:
-    """The peer's bench runner at its chosen k, the k, and how it was chosen (for the JSON)."""
-    run = make_runner(model, tokenizer, cfg.draft_model, sampler_kwargs)
-    run(prompts[0], 16, K_CHOICES[0])  # warm-up
-    if cfg.k:
-        k, info = cfg.k, {"name": SPEC_PEER, "k": cfg.k, "tuned": False}
-    else:
-        k, rates = tune_k(run, prompts[: cfg.tune_prompts], cfg.tune_tokens)
-        info = {
+class SpecPeer:
+    """mlx-lm's speculative decoding of `model` with `cfg.draft_model`; warm() picks its k
+    when `cfg.k` is 0."""
+
+    name = SPEC_PEER
+    config_key = "peer"
+
+    def __init__(self, cfg: PeerConfig, model: Any, tokenizer: Any, sampling: dict) -> None:
+        self.cfg, self.k = cfg, cfg.k
+        self._run = make_runner(model, tokenizer, cfg.draft_model, sampling)
+        self.info: dict = {"name": SPEC_PEER, "k": cfg.k, "tuned": False}
+
+    def runners(self) -> dict[str, Runner]:
+        return {"peer": lambda ids, n: self._run(ids, n, self.k)}
+
+    def warm(self, ids: list[int], prompts: Sequence[list[int]]) -> None:
+        self._run(ids, WARM_TOKENS, K_CHOICES[0])
+        if self.cfg.k:
+            return
+        self.k, rates = tune_k(self._run, prompts[: self.cfg.tune_prompts], self.cfg.tune_tokens)
+        self.info = {
             "name": SPEC_PEER,
-            "k": k,
+            "k": self.k,
             "tuned": True,
-            "tune_prompts": cfg.tune_prompts,
-            "tune_tokens": cfg.tune_tokens,
+            "tune_prompts": self.cfg.tune_prompts,
+            "tune_tokens": self.cfg.tune_tokens,
             "tune_decode_tok_s": rates,
         }
-    return (lambda ids, n: run(ids, n, k)), k, info
+
+    def describe(self) -> dict:
+        return dict(self.info)
+
+    def fields(self, runs: dict[str, list[Run]], ar: list[Run], spec: list[Run]) -> dict:
+        return peer_fields(runs["peer"], ar, spec, self.k)
+
+    def close(self) -> None:
+        pass
+
+
+def check(options: PeerOptions) -> None:
+    o = options
+    if not 0 <= o.k <= 64 or o.tune_prompts < 1 or o.tune_tokens < 2:
+        raise GenerationArgumentError(
+            f"--peer-k={o.k}, --peer-tune-prompts={o.tune_prompts}, "
+            f"--peer-tune-tokens={o.tune_tokens} are invalid; accepted: 0..64, >= 1, >= 2"
+        )
+
+
+def draft_of(options: PeerOptions, drafter: Any) -> str:
+    """The draft model: --peer-draft, else the draft-model arm of the drafter plan in use."""
+    arm = drafter.find("draft-model") if hasattr(drafter, "find") else None
+    draft = options.draft or (arm.args.path if arm is not None else None)
+    if not draft:
+        raise GenerationArgumentError(
+            "--peer mlx-lm-spec needs a draft model: --peer-draft PATH_OR_NAME, or "
+            "--drafter draft-model:PATH_OR_NAME (the same model is used)"
+        )
+    return str(draft)
+
+
+def start(req: PeerRequest) -> SpecPeer:
+    """The peer for the CLI: its draft model loaded once, with fp32 weights as mlx-lm reads
+    them (shared with a drafter that drafts from those)."""
+    from ..drafters.draft_model import load_shared
+    from ..settings import get
+
+    o = req.options
+    check(o)
+    draft, _, _ = load_shared(draft_of(o, req.drafter), get())
+    cfg = PeerConfig(draft, o.k, o.tune_prompts, o.tune_tokens)
+    return SpecPeer(cfg, req.model, req.tokenizer, req.sampling)
+
+
+def _tok_s(b: dict, rs: list[dict]) -> str:
+    return f"{med_field(rs, 'peer_tok_s'):.1f}"
+
+
+REPORT = PeerReport(
+    key="peer_tok_s",
+    block=peer_block,
+    columns=(
+        Column("mlx-lm spec tok/s", _tok_s),
+        Column("peer vs AR", lambda b, rs: f"{b['median_peer_speedup']:.2f}x"),
+        Column("spec vs peer", lambda b, rs: f"{b['median_spec_vs_peer']:.2f}x"),
+        Column("peer tau", lambda b, rs: f"{b['peer_mean_tau']:.2f}"),
+    ),
+    rates=(("mlx-lm spec", "peer_tok_s"),),
+)
+KIND = PeerKind(
+    SPEC_PEER,
+    "mlx-lm's own speculative decoding in this process (--peer-draft, --peer-k)",
+    REPORT,
+    start,
+    check,
+)

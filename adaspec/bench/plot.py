@@ -1,6 +1,7 @@
-"""A bench result as one picture: speedup per category against mlx-lm's AR (and the peer, when
-the run had one), acceptance by draft position, and the share of plain steps per category
-(floors, and the steps that timed plain decoding).
+"""A bench result as one picture: speedup per category against mlx-lm's AR (and mlx-lm's
+speculative decoding, when the run had it), decode tok/s per category of adaspec beside mlx-lm's
+AR and every peer the run had (stock mlx-lm, llama.cpp, ...), acceptance by draft position, and
+the share of plain steps per category (floors, and the steps that timed plain decoding).
 
 `adaspec bench --plot FILE.png` draws it after a run; `python -m adaspec.bench.plot RESULT.json
 FILE.png` draws it from a saved `--json` result. matplotlib is an optional extra
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import AdaspecError
+from .peers import present
 from .report import summarize
 
 
@@ -82,6 +84,31 @@ def _speedups(ax, cats: list[str], summary: dict, grounded: dict, peer: bool) ->
     ax.legend(handles=keys, loc="upper right")
 
 
+def rate_series(records: list[dict]) -> list[tuple[str, str]]:
+    """(label, record field) of each decode rate the records carry: adaspec, mlx-lm's AR, then
+    each peer's."""
+    series = [("adaspec", "spec_tok_s"), ("mlx-lm AR", "ar_tok_s")]
+    series += [s for report in present(records) for s in report.rates]
+    return [(label, key) for label, key in series if records and key in records[0]]
+
+
+def rates_by_category(records: list[dict], cats: list[str], key: str) -> list[float]:
+    """Median over each category's prompts of the record field `key`."""
+    return [statistics.median([r[key] for r in records if r["category"] == c]) for c in cats]
+
+
+def _rates(ax, cats: list[str], records: list[dict]) -> None:
+    series = rate_series(records)
+    width = 0.8 / max(1, len(series))
+    for i, (label, key) in enumerate(series):
+        x = [c + (i - (len(series) - 1) / 2) * width for c in range(len(cats))]
+        ax.bar(x, rates_by_category(records, cats, key), width, label=label)
+    ax.set_xticks(list(range(len(cats))), cats, rotation=35, ha="right")
+    ax.set_ylabel("decode tok/s (median over prompts)")
+    ax.set_title("decode rate per category, adaspec beside " + ", ".join(s for s, _ in series[1:]))
+    ax.legend(loc="upper right", fontsize="small")
+
+
 def _acceptance(ax, records: list[dict]) -> None:
     for label, rs in (
         ("grounded", [r for r in records if r["grounded"]]),
@@ -123,12 +150,15 @@ def plot(result: dict, path: str | Path, title: str | None = None) -> Path:
     cats = category_order(summary, records)
     peer = "median_spec_vs_peer" in summary["all"]
     plt = pyplot()
-    fig = plt.figure(figsize=(12, 7.5))
-    grid = fig.add_gridspec(2, 2, height_ratios=(1.2, 1))
+    rates = bool(rate_series(records))
+    fig = plt.figure(figsize=(12, 11 if rates else 7.5))
+    grid = fig.add_gridspec(2 + rates, 2, height_ratios=(1.2, 1.2, 1)[-(2 + rates) :])
     grounded = {r["category"]: r["grounded"] for r in records}
     _speedups(fig.add_subplot(grid[0, :]), cats, summary, grounded, peer)
-    _acceptance(fig.add_subplot(grid[1, 0]), records)
-    _floored(fig.add_subplot(grid[1, 1]), cats, records)
+    if rates:
+        _rates(fig.add_subplot(grid[1, :]), cats, records)
+    _acceptance(fig.add_subplot(grid[1 + rates, 0]), records)
+    _floored(fig.add_subplot(grid[1 + rates, 1]), cats, records)
     cfg = result.get("config", {})
     fig.suptitle(title or f"{cfg.get('model', '?')}, --drafter {cfg.get('drafter', '?')}")
     fig.tight_layout()

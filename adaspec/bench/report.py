@@ -8,8 +8,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from .peer import peer_block
-from .stock import stock_block
+from .peers import present, report_blocks
 from .timing import median
 
 
@@ -23,8 +22,7 @@ def summarize(records: list[dict]) -> dict:
             "mean_tau": round(statistics.fmean([r["tau"] for r in rs]), 4) if rs else 0.0,
             "floored_fraction": round(median([r["floored_fraction"] for r in rs]), 4),
             "identical": sum(r["identical"] for r in rs),
-            **peer_block(rs),
-            **stock_block(rs),
+            **report_blocks(rs),
             **wire_block(rs),
         }
 
@@ -67,46 +65,37 @@ def wire_lines(summary: dict) -> list[str]:
 
 
 def markdown(records: list[dict], summary: dict) -> str:
-    peer = "median_peer_speedup" in summary["all"]
-    stock = "median_spec_vs_stock" in summary["all"]
+    """The summary as a markdown table: a row per category, then grounded, open and all; each
+    peer's columns after adaspec's."""
+    columns = [c for report in present(records) for c in report.columns]
     head = "| category | prompts | AR tok/s | spec tok/s | speedup (median) | min | tau | floored "
-    head += "| identical |" + (" mlx-lm spec tok/s | peer vs AR | spec vs peer | peer tau |" * peer)
-    head += " stock mlx-lm tok/s | spec vs stock | identical to stock |" * stock
-    lines = [head, "|---" * (9 + 4 * peer + 3 * stock) + "|"]
+    head += "| identical |" + "".join(f" {c.header} |" for c in columns)
+    lines = [head, "|---" * (9 + len(columns)) + "|"]
 
-    def peer_cols(b: dict, tps: str) -> str:
-        out = ""
-        if peer:
-            out += (
-                f" {tps} | {b['median_peer_speedup']:.2f}x | {b['median_spec_vs_peer']:.2f}x "
-                f"| {b['peer_mean_tau']:.2f} |"
-            )
-        if stock:
-            out += (
-                f" {b['median_stock_tok_s']:.1f} | {b['median_spec_vs_stock']:.2f}x | "
-                f"{b['stock_identical']}/{b['prompts']} |"
-            )
-        return out
-
-    for cat, b in summary["by_category"].items():
-        rs = [r for r in records if r["category"] == cat]
+    def row(name: str, b: dict, rs: list[dict], bold: bool) -> str:
         ar = median([r["ar_tok_s"] for r in rs])
         sp = median([r["spec_tok_s"] for r in rs])
-        pt = f"{median([r['peer_tok_s'] for r in rs]):.1f}" if peer else ""
-        lines.append(
-            f"| {cat} | {b['prompts']} | {ar:.1f} | {sp:.1f} | "
-            f"{b['median_speedup']:.2f}x | {b['min_speedup']:.2f}x | {b['mean_tau']:.2f} "
-            f"| {b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |" + peer_cols(b, pt)
-        )
+        speedup = f"{b['median_speedup']:.2f}x"
+        cells = [
+            f"**{name}**" if bold else name,
+            str(b["prompts"]),
+            f"{ar:.1f}",
+            f"{sp:.1f}",
+            f"**{speedup}**" if bold else speedup,
+            f"{b['min_speedup']:.2f}x",
+            f"{b['mean_tau']:.2f}",
+            f"{b['floored_fraction']:.0%}",
+            f"{b['identical']}/{b['prompts']}",
+            *(c.cell(b, rs) for c in columns),
+        ]
+        return "| " + " | ".join(cells) + " |"
+
+    for cat, b in summary["by_category"].items():
+        lines.append(row(cat, b, [r for r in records if r["category"] == cat], False))
     for name in ("grounded", "open", "all"):
-        b = summary[name]
-        if b["prompts"]:
-            lines.append(
-                f"| **{name}** | {b['prompts']} | | | **{b['median_speedup']:.2f}x** | "
-                f"{b['min_speedup']:.2f}x | {b['mean_tau']:.2f} | "
-                f"{b['floored_fraction']:.0%} | {b['identical']}/{b['prompts']} |"
-                + peer_cols(b, "")
-            )
+        rs = [r for r in records if name == "all" or r["grounded"] == (name == "grounded")]
+        if summary[name]["prompts"]:
+            lines.append(row(name, summary[name], rs, True))
     return "\n".join(lines + wire_lines(summary))
 
 

@@ -1,25 +1,20 @@
-"""Side-by-side benchmark: mlx-lm's own AR and adaspec (and optionally mlx-lm's speculative
-decoding in the same process, and stock mlx-lm in a process of its own), interleaved per
-prompt."""
+"""Side-by-side benchmark: mlx-lm's own AR and adaspec, and any peers (bench/peers.py: mlx-lm's
+speculative decoding, stock mlx-lm, llama.cpp), interleaved per prompt."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..prompting import prompt_ids
-from .peer import PeerConfig, peer_fields, setup_peer
+from .peers import Peer, Runner
 from .report import summarize
-from .stock import stock_fields
 from .suite import Prompt
 from .timing import Run, median, timed
 
 if TYPE_CHECKING:
     from ..drafters.arms import DrafterPlan
-    from .stock import StockPeer
-
-Runner = Callable[[list[int], int], Run]
 
 
 def bench_prompt(
@@ -27,10 +22,10 @@ def bench_prompt(
     runners: dict[str, Runner],
     ids: list[int],
     repeats: int,
-    peer_k: int = 0,
+    peers: Sequence[Peer] = (),
 ) -> dict:
-    """Time every runner ("ar", "spec", optionally "peer" and "stock") on one prompt,
-    interleaved A B C A B C so drift hits all alike; medians over the repeats."""
+    """Time every runner ("ar", "spec" and the peers' own) on one prompt, interleaved
+    A B C A B C so drift hits all alike; medians over the repeats, each peer's fields."""
     runs: dict[str, list[Run]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
@@ -71,10 +66,8 @@ def bench_prompt(
         **({"wire": {"ar": ar[-1].wire, "spec": spec[-1].wire}} if spec[-1].wire else {}),
         "repeats": repeats,
     }
-    if "peer" in runs:
-        record.update(peer_fields(runs["peer"], ar, spec, peer_k))
-    if "stock" in runs:
-        record.update(stock_fields(runs["stock"], ar, spec))
+    for peer in peers:
+        record.update(peer.fields({k: runs[k] for k in peer.runners()}, ar, spec))
     return record
 
 
@@ -89,13 +82,12 @@ def run_suite(
     spec_kwargs: dict | None = None,
     progress: bool = True,
     use_template: bool = True,
-    peer: PeerConfig | None = None,
-    stock: StockPeer | None = None,
+    peers: Sequence[Peer] = (),
 ) -> dict:
-    """Warm up, then per prompt interleave mlx-lm AR, adaspec, (with `peer`) mlx-lm's
-    speculative decoding and (with `stock`, a started worker) stock mlx-lm; returns records +
-    summary. The warm-up generates from another prompt than the suite's (warmup.MESSAGE), so
-    a drafter that learns from what was generated learns nothing of a timed answer."""
+    """Warm up, then per prompt interleave mlx-lm AR, adaspec and each of `peers` (started;
+    the caller closes them); returns records + summary + config. The warm-up generates from
+    another prompt than the suite's (warmup.MESSAGE), so a drafter that learns from what was
+    generated learns nothing of a timed answer."""
     from tqdm import tqdm
 
     from ..api import stream_generate
@@ -119,18 +111,14 @@ def run_suite(
             for p, ids in prompts
         ]
     runners: dict[str, Runner] = {"ar": run_ar, "spec": run_spec}
-    if stock is not None:
-        runners["stock"] = stock.run
-    warm_generations(list(runners.values()), warm_ids(tokenizer, use_template))
+    warm = warm_ids(tokenizer, use_template)
+    warm_generations(list(runners.values()), warm)
     config: dict[str, Any] = {"drafter": str(drafter), "repeats": repeats, **spec_kwargs}
-    if stock is not None:
-        config["stock"] = stock.describe()
-    peer_k = 0
-    if peer is not None:
-        runners["peer"], peer_k, config["peer"] = setup_peer(
-            peer, model, tokenizer, spec_kwargs, [ids for _, ids in prompts]
-        )
+    for peer in peers:
+        peer.warm(warm, [ids for _, ids in prompts])
+        config[peer.config_key] = peer.describe()
+        runners.update(peer.runners())
     records = []
     for p, ids in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
-        records.append(bench_prompt(p, runners, ids, repeats, peer_k))
+        records.append(bench_prompt(p, runners, ids, repeats, peers))
     return {"records": records, "summary": summarize(records), "config": config}

@@ -22,11 +22,13 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from ..errors import AdaspecError
+from .peers import Column, PeerKind, PeerReport, PeerRequest, Runner, first_divergence, ratio
 from .timing import Run, median
 
 NAME = "mlx-lm-stock"
@@ -108,6 +110,9 @@ class StockPeer:
     a context manager) to end the worker. `info`: what the worker reported at load (seconds,
     versions, the BLAS libraries it maps)."""
 
+    name = NAME
+    config_key = "stock"
+
     def __init__(self, source: StockSource, sampling: dict | None = None) -> None:
         self.source, self.sampling = source, dict(sampling or {})
         self.info: dict = {}
@@ -165,9 +170,15 @@ class StockPeer:
         request = {"op": "run", "ids": [int(t) for t in ids], "max_tokens": max_tokens, **knobs}
         return run_of(self._ask(request))
 
-    def warm(self, ids: list[int], max_tokens: int = WARM_TOKENS) -> None:
+    def runners(self) -> dict[str, Runner]:
+        return {"stock": self.run}
+
+    def warm(self, ids: list[int], prompts: Sequence[list[int]] = ()) -> None:
         """One untimed generation: stock mlx builds (or loads) its kernels now."""
-        self.run(ids, max_tokens)
+        self.run(ids, WARM_TOKENS)
+
+    def fields(self, runs: dict[str, list[Run]], ar: list[Run], spec: list[Run]) -> dict:
+        return stock_fields(runs["stock"], ar, spec)
 
     def describe(self) -> dict:
         """The peer's configuration for a bench's JSON."""
@@ -206,16 +217,13 @@ def stock_fields(stock: list[Run], ar: list[Run], spec: list[Run]) -> dict:
     ar_tps = median([r.decode_tok_s for r in ar])
     sp_tps = median([r.decode_tok_s for r in spec])
     ref, got = spec[0].tokens, stock[0].tokens
-    diverge = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
-    if diverge is None and len(ref) != len(got):
-        diverge = min(len(ref), len(got))
     return {
         "stock_tok_s": round(tps, 2),
         "stock_e2e_tok_s": round(e2e, 2),
-        "spec_vs_stock": round(sp_tps / tps, 4) if tps else 0.0,
-        "ar_vs_stock": round(ar_tps / tps, 4) if tps else 0.0,
+        "spec_vs_stock": ratio(sp_tps, tps),
+        "ar_vs_stock": ratio(ar_tps, tps),
         "stock_identical": ref == got,
-        "stock_first_divergence": diverge,
+        "stock_first_divergence": first_divergence(ref, got),
     }
 
 
@@ -230,3 +238,27 @@ def stock_block(rs: list[dict]) -> dict:
         "min_spec_vs_stock": round(min(r["spec_vs_stock"] for r in rs), 4),
         "stock_identical": sum(r["stock_identical"] for r in rs),
     }
+
+
+def start(req: PeerRequest) -> StockPeer:
+    """The worker, started and its model loaded."""
+    return StockPeer(stock_source(req.model_name), req.sampling)
+
+
+REPORT = PeerReport(
+    key="stock_tok_s",
+    block=stock_block,
+    columns=(
+        Column("stock mlx-lm tok/s", lambda b, rs: f"{b['median_stock_tok_s']:.1f}"),
+        Column("spec vs stock", lambda b, rs: f"{b['median_spec_vs_stock']:.2f}x"),
+        Column("identical to stock", lambda b, rs: f"{b['stock_identical']}/{b['prompts']}"),
+    ),
+    rates=(("stock mlx-lm", "stock_tok_s"),),
+)
+KIND = PeerKind(
+    NAME,
+    "stock mlx-lm in a process that never imports adaspec (the mlx wheel's own BLAS and "
+    "kernels, the model's fp32 expansion)",
+    REPORT,
+    start,
+)

@@ -1,10 +1,11 @@
-"""`adaspec bench`: AR (mlx-lm) vs adaspec per prompt of a suite, interleaved, medians; peers:
-mlx-lm's speculative decoding, stock mlx-lm in a process of its own."""
+"""`adaspec bench`: AR (mlx-lm) vs adaspec per prompt of a suite, interleaved, medians; peers
+(adaspec/bench/peers.py): mlx-lm's speculative decoding, stock mlx-lm in a process of its own,
+llama.cpp."""
 
 from __future__ import annotations
 
 import argparse
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import ExitStack
 from typing import Any
 
 from .common import add_model_flags, drafter_plan, load_model, sampling_kwargs
@@ -45,11 +46,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--peer",
         default=None,
-        metavar="mlx-lm-spec|mlx-lm-stock",
-        help="add a peer's columns, interleaved: mlx-lm-spec (mlx-lm's own speculative "
-        "decoding, in this process), mlx-lm-stock (stock mlx-lm in a process that never "
-        "imports adaspec: the mlx wheel's own BLAS and kernels, the model's fp32 expansion); "
-        "both: joined by a comma",
+        metavar="mlx-lm-spec|mlx-lm-stock|llama.cpp",
+        help="add peers' columns, interleaved per prompt (several: joined by commas): "
+        "mlx-lm-spec (mlx-lm's own speculative decoding, in this process), mlx-lm-stock "
+        "(stock mlx-lm in a process that never imports adaspec: the mlx wheel's own BLAS and "
+        "kernels, the model's fp32 expansion), llama.cpp (the same GGUF and prompt ids, plain "
+        "and with --spec-type ngram-mod)",
+    )
+    p.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="--peer llama.cpp: a llama-server binary (default: the xllamacpp wheel, the "
+        "`llamacpp` extra)",
+    )
+    p.add_argument(
+        "--llama-threads",
+        type=int,
+        default=0,
+        help="--peer llama.cpp: its threads (default 0: the cores this process may use)",
     )
     p.add_argument(
         "--peer-draft",
@@ -73,13 +88,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from .. import settings as settings_mod
     from ..bench import load_suite
-    from ..bench.peer import peer_names
     from ..distributed import run_ranks
     from ..errors import GenerationArgumentError
 
     if args.repeats < 1:
         raise GenerationArgumentError(f"--repeats={args.repeats} is invalid; accepted: >= 1")
-    peer_names(args.peer)  # an unknown peer fails before the model loads
+    check_peers(args)  # a bad peer flag fails before the model loads
     if args.plot:  # fail before the run, not after it
         from ..bench.plot import pyplot
 
@@ -101,8 +115,8 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
             "--peer runs mlx-lm on the whole model in one process, beside a target split over "
             "ranks; accepted on a sharded target: no --peer"
         )
-    peer = _peer(args, drafter)
-    with _stock(args) as stock:
+    with ExitStack() as stack:
+        peers = start_peers(args, model, tokenizer, drafter, stack)
         result = run_suite(
             model,
             tokenizer,
@@ -112,14 +126,16 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
             max_tokens=args.max_tokens,
             spec_kwargs=sampling_kwargs(args),
             use_template=not args.ignore_chat_template,
-            peer=peer,
-            stock=stock,
+            peers=peers,
         )
     suite_name = args.suite or str(SHIPPED)
     result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
     shard = sharding(model)
     result["config"]["target"] = shard.describe() if shard else "one process"
     print(markdown(result["records"], result["summary"]))
+    for described in result["config"].values():
+        if isinstance(described, dict) and "build" in described:
+            print(f"{described['name']}: {described['build']}")
     if args.json:
         save(result, args.json)
     if args.plot:
@@ -151,38 +167,50 @@ def select(suite: list, category: list[str], grounded: str | None, limit: int | 
     return suite
 
 
-def _stock(args: argparse.Namespace) -> AbstractContextManager[Any]:
-    """The stock mlx-lm worker when --peer names mlx-lm-stock (started, its model loaded),
-    else nothing; closed when the block ends."""
-    from ..bench.peer import peer_names
-    from ..bench.stock import NAME, StockPeer, stock_source
+def peer_options(args: argparse.Namespace) -> Any:
+    from ..bench.peers import PeerOptions
 
-    if NAME not in peer_names(args.peer):
-        return nullcontext()
-    return StockPeer(stock_source(args.model), sampling_kwargs(args))
+    return PeerOptions(
+        draft=args.peer_draft,
+        k=args.peer_k,
+        tune_prompts=args.peer_tune_prompts,
+        tune_tokens=args.peer_tune_tokens,
+        llama_server=args.llama_server,
+        llama_threads=args.llama_threads,
+    )
 
 
-def _peer(args: argparse.Namespace, drafter: Any) -> Any:
-    """The --peer mlx-lm-spec configuration, or None (its draft model loaded once, with fp32
-    weights as mlx-lm reads them, and shared with a drafter that drafts from those); `drafter`
-    is the plan in use (--drafter or the model's default): its draft-model arm names the
-    default draft."""
-    from ..bench.peer import SPEC_PEER, PeerConfig, check_peer, peer_names
-    from ..drafters.draft_model import load_shared
+def check_peers(args: argparse.Namespace) -> list[str]:
+    """The --peer names, each kind's flags checked (before the model loads)."""
+    from ..bench.llamacpp import NAME as LLAMA
+    from ..bench.peers import kinds, peer_names
     from ..errors import GenerationArgumentError
-    from ..settings import get
 
-    if SPEC_PEER not in peer_names(args.peer):
-        return None
-    draft = args.peer_draft
-    arm = drafter.find("draft-model")
-    if draft is None and arm is not None:
-        draft = arm.args.path
-    check_peer(args.peer, draft)
-    if not 0 <= args.peer_k <= 64 or args.peer_tune_prompts < 1 or args.peer_tune_tokens < 2:
+    names = peer_names(args.peer)
+    if LLAMA not in names and (args.llama_server or args.llama_threads):
         raise GenerationArgumentError(
-            f"--peer-k={args.peer_k}, --peer-tune-prompts={args.peer_tune_prompts}, "
-            f"--peer-tune-tokens={args.peer_tune_tokens} are invalid; accepted: 0..64, >= 1, >= 2"
+            "--llama-server and --llama-threads set up the llama.cpp peer; accepted with "
+            "--peer llama.cpp"
         )
-    model, _, _ = load_shared(draft, get())
-    return PeerConfig(model, args.peer_k, args.peer_tune_prompts, args.peer_tune_tokens)
+    options = peer_options(args)
+    for name in names:
+        kinds()[name].check(options)
+    return names
+
+
+def start_peers(
+    args: argparse.Namespace, model: Any, tokenizer: Any, drafter: Any, stack: ExitStack
+) -> list:
+    """The --peer peers, started, each closed when `stack` closes; `drafter` is the plan in
+    use (its draft-model arm is mlx-lm-spec's default draft)."""
+    from ..bench.peers import PeerRequest, kinds
+
+    req = PeerRequest(
+        args.model, model, tokenizer, drafter, sampling_kwargs(args), peer_options(args)
+    )
+    peers = []
+    for name in check_peers(args):
+        peer = kinds()[name].start(req)
+        stack.callback(peer.close)
+        peers.append(peer)
+    return peers
