@@ -145,9 +145,9 @@ def _limits(settings: Settings) -> dict[str, Any]:
 
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
+    from .api import load
     from .kernels import fast_ops
     from .targets.base import layer_list
-    from .targets.loader import load
 
     t = time.perf_counter()
     model, tokenizer = load(name, settings=settings)

@@ -72,6 +72,9 @@ def test_collect_with_a_model(tmp_path, cache):
     routed = blas.routed_seconds() is not None
     assert ("outside GEMMs ms per token row at context 2000" in text) == routed
     assert "fast ops" in text and d["fast_ops"]["jit"]
+    if d["fast_ops"]["attention"]:  # the model's fast paths and mlx-lm's names, listed
+        assert m["fast_ops"]["layers"] > 0 and "model twins" in text
+        assert d["fast_ops"]["attention_modules"] and d["fast_ops"]["generate_logsumexp"]
 
 
 def test_forward_times_on_sizes_without_the_verify_length(tmp_path, cache, monkeypatch):

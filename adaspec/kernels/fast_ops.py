@@ -55,10 +55,16 @@ def uninstall(model: Any = None) -> Installed:
     return Installed(attention.uninstall(), twins, mlx_lm_generate.uninstall(), native)
 
 
-def installed() -> dict[str, Any]:
-    """The process-wide names in place: mlx-lm model modules routed to adaspec's attention,
-    and whether mlx_lm.generate runs the vectorized logsumexp."""
-    return {
+def installed(model: Any = None) -> dict[str, Any]:
+    """What is in place: the mlx-lm model modules routed to adaspec's attention, whether
+    mlx_lm.generate runs the vectorized logsumexp, and (given `model`) how many of its
+    modules are layer twins and native twin classes."""
+    out: dict[str, Any] = {
         "attention_modules": attention.installed(),
         "generate_logsumexp": mlx_lm_generate.installed(),
     }
+    if model is not None:
+        mods = [m for _, m in model.named_modules()]
+        out["layers"] = sum(layers.stock(m) is not None for m in mods)
+        out["native"] = sum("_native" in type(m).__dict__ for m in mods)
+    return out
