@@ -262,6 +262,9 @@ def test_cli_bench_with_llama_cpp_from_a_binary(fake_server, tmp_path, cache, ca
     assert cfg["gguf"] == str(gguf) and cfg["threads"] == 1 and cfg["server"] == str(path)
     text = capsys.readouterr().out
     assert "| llama.cpp tok/s |" in text and "llama.cpp: version: 7 (fake llama-server)" in text
+    m = res["config"]["machine"]  # as adaspec doctor measures it, and the load around the run
+    assert m["peak_gflops"] > 0 and m["read_gbs"] > 0 and m["cores"] >= 1 and "load_end" in m
+    assert f"{m['peak_gflops']:.0f} fp32 GFLOP/s peak, {m['read_gbs']:.0f} GB/s read" in text
     assert len(log.read_text().splitlines()) == 1 + 1 + 2  # plain once; ngram: warm + 2 runs
 
 

@@ -4,7 +4,8 @@ Modules, each importing only those before it: `timing` (one timed run), `suite` 
 the shipped one included), `peers` (the peer mechanism: a Peer protocol, each kind's start and
 report columns), the kinds `mlx_spec` (mlx-lm's speculative decoding), `stock` (+ its
 `stock_worker`: stock mlx-lm in a process of its own) and `llamacpp` (+ `llama_server`:
-llama.cpp), `report` (summaries and tables), `runner` (a whole suite), `plot`.
+llama.cpp), `report` (summaries and tables), `runner` (a whole suite), `plot`, `machine`
+(the machine's limits as `adaspec doctor` measures them).
 """
 
 from .mlx_spec import PeerConfig, SpecPeer

@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> int:
-    from ..bench import SHIPPED, markdown, run_suite, save
+    from ..bench import SHIPPED, machine, markdown, run_suite, save
     from ..distributed.shard import sharding
     from ..errors import GenerationArgumentError
 
@@ -115,6 +115,7 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
             "--peer runs mlx-lm on the whole model in one process, beside a target split over "
             "ranks; accepted on a sharded target: no --peer"
         )
+    measured = machine.measure()  # before anything of the run is in the caches
     with ExitStack() as stack:
         peers = start_peers(args, model, tokenizer, drafter, stack)
         result = run_suite(
@@ -132,7 +133,9 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
     result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
     shard = sharding(model)
     result["config"]["target"] = shard.describe() if shard else "one process"
+    result["config"]["machine"] = {**measured, "load_end": machine.load()}
     print(markdown(result["records"], result["summary"]))
+    print(machine.line(result["config"]["machine"]))
     for described in result["config"].values():
         if isinstance(described, dict) and "build" in described:
             print(f"{described['name']}: {described['build']}")
