@@ -29,7 +29,7 @@ _LAZY = {
     "make_prompt_cache": ("adaspec.api", "make_prompt_cache"),
     "PromptCache": ("adaspec.api", "PromptCache"),
     "compare_to_ar": ("adaspec.compare", "compare_to_ar"),
-    "load": ("adaspec.targets.loader", "load"),
+    "load": ("adaspec.api", "load"),
     "warm_up": ("adaspec.warmup", "warm_up"),
     "register_drafter": ("adaspec.drafters.registry", "register"),
     "make_drafter": ("adaspec.drafters.arms", "make"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import settings as settings_mod
+from .distributed import target_for
 from .drafters.arms import DrafterPlan
 from .drafters.base import DraftModel
 from .errors import DrafterMismatchError, GenerationArgumentError
@@ -18,7 +20,6 @@ from .loop.controller import DecodeConfig, Decoder, TokenEvent, decode
 from .loop.plan import NeverSpeculate, SpecPolicy
 from .loop.stats import GenerationStats, StepStats
 from .sampling_params import SamplingParams
-from .targets import target_for
 
 
 @dataclass
@@ -38,6 +39,29 @@ class Response:
     finish_reason: str | None = None
     step: StepStats | None = None
     stats: GenerationStats | None = None
+
+
+def load(
+    path_or_name: str | os.PathLike[str],
+    *,
+    dtype: str | None = None,
+    settings: settings_mod.Settings | None = None,
+    warmup: bool = True,
+) -> tuple[Any, Any]:
+    """(model, TokenizerWrapper) for an mlx-lm folder / HF id, a .gguf file or a catalogue name
+    (targets/loader.py), on the CPU fast paths. warmup: run each decoding path once on a few
+    tokens (adaspec/warmup.py), so the kernels the model's generations use are built now, not
+    inside the first one; skipped in a process started by mlx.launch or mpirun, whose model is
+    sharded after loading (its weights are read lazily, each rank only its share)."""
+    from .distributed.world import backend_name
+    from .targets.loader import load as load_model
+    from .warmup import warm_up
+
+    settings = settings or settings_mod.get()
+    model, tokenizer = load_model(path_or_name, dtype=dtype, settings=settings)
+    if warmup and backend_name() == "none":
+        warm_up(model, tokenizer, settings=settings)
+    return model, tokenizer
 
 
 def _wrap_tokenizer(tokenizer: Any) -> Any:

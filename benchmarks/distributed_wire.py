@@ -53,17 +53,16 @@ def main() -> int:
 
     from adaspec import settings
     from adaspec.cli.common import load_model
-    from adaspec.distributed import run_ranks
+    from adaspec.distributed import run_ranks, target_for
     from adaspec.distributed.shard import sharding
     from adaspec.distributed.world import world
-    from adaspec.targets import make_target
 
     model, tokenizer = load_model(args.model)
 
     def body() -> int:
         w = world()
         meter = (lambda: (sum(w.wire_bytes()), w.collectives)) if w.size > 1 else lambda: (0, 0)
-        target = make_target(model, tokenizer)
+        target = target_for(model, tokenizer, settings.get())
         target.prefill(list(range(100, 100 + args.context)))
         rows = [measure(target, int(n), args.repeats, meter) for n in args.rows.split(",")]
         s = sharding(model)

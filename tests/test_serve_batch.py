@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from adaspec.api import start_decoder, stream_generate
 from adaspec.kernels import blas
-from adaspec.policy.batch_budget import RowCost, split
+from adaspec.policy.batch_budget import observe_rows, row_curve, split
 from adaspec.serve.batch import Batch, join
 from adaspec.targets import make_target
 from adaspec.targets.batch import MAX_ROWS, shared_unsupported
@@ -150,13 +150,12 @@ def test_split_drops_drafts_that_do_not_pay_in_a_full_batch():
 
 
 def test_row_cost_interpolates_measured_counts():
-    c = RowCost(8)
-    assert c.curve()[1] == 1.06
-    c.observe(1, 1.0)
-    c.observe(5, 2.0)
-    curve = c.curve()
+    assert row_curve((), 8)[1] == 1.06 and len(row_curve((), 8)) == 9
+    c = observe_rows(observe_rows((), 1, 1.0), 5, 2.0)
+    curve = row_curve(c, 8)
     assert curve[1] == 1.0 and curve[5] == 2.0 and math.isclose(curve[3], 1.5)
     assert curve[8] > 2.0
+    assert math.isclose(row_curve(observe_rows(c, 5, 4.0), 8)[5], 2.4)  # an EMA, weight 0.2
 
 
 def test_oracle_drafts_are_accepted_in_a_shared_forward(tiny, tokenizer):

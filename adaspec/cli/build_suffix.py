@@ -49,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         from ..targets.base import target_info
         from ..targets.loader import load
 
-        model, tok = load(args.model, warmup=False)  # its tokenizer is what is used
+        model, tok = load(args.model)  # its tokenizer is what is used (not warmed up)
         seqs = [tok.encode(Path(f).read_text(), add_special_tokens=False) for f in args.text]
         target = target_key(target_info(model, tok))
     path = save_data(args.out, seqs, target)

@@ -50,8 +50,8 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def load_model(name: str):
     """(model, tokenizer), on the CPU fast paths (kernels/fast_ops.py, stock mlx's bits):
     mlx-lm's own generate on this model then takes the same path as adaspec"""
+    from ..api import load
     from ..kernels import fast_ops
-    from ..targets.loader import load
 
     model, tokenizer = load(name)
     fast_ops.install(model)

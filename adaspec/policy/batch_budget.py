@@ -4,11 +4,9 @@ total rows, decides (a draft that pays alone may not pay beside seven others).""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from .draft_length import measured_cost
+from .draft_length import measured_cost, observe_cost
 
 
 def split(gains: Sequence[Sequence[float]], cost: Sequence[float], max_rows: int) -> list[int]:
@@ -37,28 +35,23 @@ def split(gains: Sequence[Sequence[float]], cost: Sequence[float], max_rows: int
     return k
 
 
-@dataclass
-class RowCost:
-    """Seconds of a forward by its number of token rows: an EMA per row count measured, the
-    rest from the nearest measured counts (measured_cost), `prior_slope` per row beyond."""
+# a batched forward's cost by its rows before it is measured: 1 + ROW_SLOPE per row (a forward
+# of 4 rows cost ~1.18x one on the routed kernel); ROW_WEIGHT: the EMA weight of a measurement
+ROW_SLOPE, ROW_WEIGHT = 0.06, 0.2
 
-    max_rows: int
-    prior_slope: float = 0.06  # a forward of 4 rows cost ~1.18x one on the routed kernel
-    weight: float = 0.2
-    seen: list[float] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.seen = [math.nan] * (self.max_rows + 1)
+def observe_rows(cost: tuple[float, ...], rows: int, seconds: float) -> tuple[float, ...]:
+    """`cost` (seconds of a forward by its rows: draft_length.observe_cost's estimate) after a
+    forward of `rows` rows took `seconds`."""
+    return observe_cost(cost, rows, seconds, ROW_WEIGHT)
 
-    def observe(self, rows: int, seconds: float) -> None:
-        old = self.seen[rows]
-        self.seen[rows] = seconds if math.isnan(old) else old + self.weight * (seconds - old)
 
-    def curve(self) -> list[float]:
-        """cost[m] for m in 0..max_rows (cost[0] unused); 1 + slope * m before any measurement."""
-        seen = tuple(self.seen)
-        out = [1.0]
-        for m in range(1, self.max_rows + 1):
-            c = measured_cost(seen, m, self.prior_slope)
-            out.append(1.0 + self.prior_slope * m if c is None else c)
-        return out
+def row_curve(cost: tuple[float, ...], max_rows: int) -> list[float]:
+    """cost[m] for m in 0..max_rows (cost[0] unused): measured counts as measured, the rest from
+    the nearest ones (measured_cost), ROW_SLOPE per row beyond; 1 + ROW_SLOPE * m before any
+    measurement."""
+    out = [1.0]
+    for m in range(1, max_rows + 1):
+        c = measured_cost(cost, m, ROW_SLOPE)
+        out.append(1.0 + ROW_SLOPE * m if c is None else c)
+    return out

@@ -85,6 +85,18 @@ def measured_cost(cost: tuple[float, ...], k: int, prior_slope: float) -> float 
     return _measured(seen, cost, k, prior_slope) if seen else None
 
 
+def observe_cost(
+    cost: tuple[float, ...], size: int, seconds: float, weight: float, fresh: bool = False
+) -> tuple[float, ...]:
+    """A cost by size (cost[k]: EMA seconds of a step or forward of size k; nan: unseen) after
+    one of size `size` took `seconds`. fresh: the measurement replaces the size's EMA (a stale
+    one) instead of joining it. The one estimate of cost by size: a step's by its draft length
+    here, a batched forward's by its rows (batch_budget.py)."""
+    grown = cost + (math.nan,) * max(0, size + 1 - len(cost))
+    new = _ema(math.nan if fresh else grown[size], seconds, weight)
+    return grown[:size] + (new,) + grown[size + 1 :]
+
+
 def _seen(cost: tuple[float, ...]) -> list[tuple[int, float]]:
     return [(i, c) for i, c in enumerate(cost) if not math.isnan(c)]
 
@@ -160,11 +172,11 @@ def observe(
     accept = _accepts(cfg, s.accept, drafted, accepted, cfg.weight)
     slow = _accepts(cfg, s.slow, drafted, accepted, cfg.slow_weight)
     grow = max(0, drafted + 1 - len(s.cost))
-    cost, timed_at = list(s.cost) + [math.nan] * grow, list(s.timed_at) + [0] * grow
+    cost, timed_at = s.cost + (math.nan,) * grow, list(s.timed_at) + [0] * grow
     per_token = s.draft_cost
     if s.steps > 0:
         stale = s.steps - timed_at[drafted] > cfg.stale_after
-        cost[drafted] = _ema(math.nan if stale else cost[drafted], step_s, cfg.weight)
+        cost = observe_cost(cost, drafted, step_s, cfg.weight, fresh=stale)
         timed_at[drafted] = s.steps
         if drafted > 0:
             per_token = _ema(per_token, draft_s / drafted, cfg.weight)
@@ -172,7 +184,7 @@ def observe(
         s,
         accept=accept,
         slow=slow,
-        cost=tuple(cost),
+        cost=cost,
         draft_cost=per_token,
         steps=s.steps + 1,
         timed_at=tuple(timed_at),

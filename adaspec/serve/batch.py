@@ -18,7 +18,7 @@ from ..api import kept, texts
 from ..errors import TargetError
 from ..loop.controller import Decoder, Proposal, StepResult, decode
 from ..loop.verify import tap_columns
-from ..policy.batch_budget import RowCost, split
+from ..policy.batch_budget import observe_rows, row_curve, split
 from ..targets.base import Forward
 from ..targets.batch import MAX_ROWS, batch_unsupported, forward_rows
 from ..targets.kv import KVTarget
@@ -111,7 +111,7 @@ class Batch:
 
     max_rows: int = MAX_ROWS
     members: list[Member] = field(default_factory=list)
-    cost: RowCost = field(default_factory=lambda: RowCost(MAX_ROWS))
+    cost: tuple[float, ...] = ()  # seconds of a forward by its rows (batch_budget.row_curve)
     steps: int = 0
     rows_fed: int = 0
 
@@ -131,7 +131,7 @@ class Batch:
 
     def _budget(self, live: list[Member]) -> None:
         """Cut each draft to the length the batch's expected tokens per second picks."""
-        ks = split([_gains(m) for m in live], self.cost.curve(), self.max_rows)
+        ks = split([_gains(m) for m in live], row_curve(self.cost, self.max_rows), self.max_rows)
         for m, k in zip(live, ks):
             assert m.proposal is not None
             m.proposal = m.proposal.cut(k)
@@ -162,9 +162,9 @@ class Batch:
         mx.eval([f.logits for f in fwds])
         spent = time.perf_counter() - t0
         total = sum(len(r) for r in rows)
-        self.cost.observe(total, spent)
+        self.cost = observe_rows(self.cost, total, spent)
         self.steps, self.rows_fed = self.steps + 1, self.rows_fed + total
-        shares = _shares([len(r) for r in rows], self.cost.curve())
+        shares = _shares([len(r) for r in rows], row_curve(self.cost, self.max_rows))
         # 4. each request commits from its rows, charged its rows' share of the forward
         for m, f, share in zip(live, fwds, shares):
             m.steps, m.shared = m.steps + 1, m.shared + len(live)

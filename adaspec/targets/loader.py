@@ -32,13 +32,9 @@ def load(
     *,
     dtype: str | None = None,
     settings: Settings | None = None,
-    warmup: bool = True,
 ) -> tuple[Any, Any]:
-    """(model, TokenizerWrapper) for an mlx-lm folder / HF id, a .gguf file or a catalogue name.
-    warmup: run each decoding path once on a few tokens (adaspec/warmup.py), so the kernels
-    the model's generations use are built now, not inside the first one; skipped in a process
-    started by mlx.launch or mpirun, whose model is sharded after loading (its weights are
-    read lazily, each rank only its share)."""
+    """(model, TokenizerWrapper) for an mlx-lm folder / HF id, a .gguf file or a catalogue name,
+    on the CPU fast paths; not warmed up (`adaspec.load`, api.load, also warms it up)."""
     import mlx_lm
 
     from . import stored_model
@@ -49,7 +45,7 @@ def load(
         if source is not None:
             src, sha = source
             entry = converted(src, settings=settings, sha256=sha, stored=True)
-            return _fast(*stored_model.load(entry, src), settings, warmup)
+            return _fast(*stored_model.load(entry, src), settings)
     target, from_gguf = resolve(path_or_name, dtype=dtype, settings=settings)
     try:
         # mlx-lm types load() as a pair or a triple; without return_config it is the pair
@@ -64,23 +60,19 @@ def load(
         model.set_dtype(getattr(mx, check_dtype(dtype)))
     elif dtype is None and not from_gguf and stored_model.enabled(settings):
         stored_model.from_halves(model)  # bf16 / fp16 weights read as stored, fp32 compute
-    return _fast(model, tokenizer, settings, warmup)
+    return _fast(model, tokenizer, settings)
 
 
-def _fast(model: Any, tokenizer: Any, settings: Settings, warmup: bool) -> tuple[Any, Any]:
+def _fast(model: Any, tokenizer: Any, settings: Settings) -> tuple[Any, Any]:
     """The model on the CPU fast paths (kernels/fast_ops.py, stock mlx's bits), so that
-    mlx-lm's own generation on it runs them too; warmed up (adaspec/warmup.py) if asked."""
-    from ..distributed.world import backend_name
+    mlx-lm's own generation on it runs them too."""
     from ..kernels import fast_ops
-    from ..warmup import warm_up
 
     fast_ops.install(model)
     if settings.arithmetic != "exact":
         from ..kernels import arithmetic
 
         arithmetic.apply(model, settings.arithmetic)
-    if warmup and backend_name() == "none":
-        warm_up(model, tokenizer, settings=settings)
     return model, tokenizer
 
 
