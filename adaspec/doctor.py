@@ -152,12 +152,13 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
     t = time.perf_counter()
     model, tokenizer = load(name, settings=settings)
     load_s = time.perf_counter() - t
-    fast_ops.install(model)
+    fast_ops.install(model)  # adaspec.load did: this changes nothing more
     long = forward_times(model, repeats=repeats, context=LONG_CONTEXT, sizes=LONG_SIZES)
     return {
         "name": name,
         "load_s": load_s,
         "num_layers": len(layer_list(model)),
+        "fast_ops": fast_ops.installed(model),
         **forward_times(model, repeats=repeats),
         "long_context": long,
         "suffix": suffix_report(model, tokenizer, settings),
@@ -199,9 +200,10 @@ def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, A
 
 
 def fast_ops_report() -> dict[str, Any]:
-    """Whether mlx's JIT kernels are built for this CPU and attention runs the vectorized
-    softmax (kernels/jit.py, kernels/attention.py), and why not."""
-    from .kernels import attention, blas, jit, native
+    """Whether mlx's JIT kernels are built for this CPU and the native nodes are built
+    (kernels/jit.py, kernels/native.py), and why not; the mlx-lm names fast_ops.install
+    changed in this process."""
+    from .kernels import attention, blas, fast_ops, jit, native
 
     st = jit.status()
     if attention.enabled() and blas.routed():
@@ -212,7 +214,7 @@ def fast_ops_report() -> dict[str, Any]:
         "jit": "active" if st and st.active else (st.reason if st else "not set up"),
         "kernel_dir": str(st.directory) if st and st.directory else None,
         "attention": attention.enabled(),
-        "attention_modules": attention.installed(),
+        **fast_ops.installed(),
         "allocator": os.environ.get("GLIBC_TUNABLES") or "glibc's defaults",
     }
 
@@ -286,6 +288,11 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
     """The report's lines for the model: its weights, forward times and roofline."""
     lines = [
         f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
+        *(
+            [f"model twins   {fo['layers']} layer twins, {fo['native']} native twin classes"]
+            if (fo := m.get("fast_ops"))
+            else []
+        ),
         f"weights       {m['weight_bytes'] / 1e6:.0f} MB streamed per token "
         + (
             "(fp32)"
@@ -346,12 +353,14 @@ def format_report(d: dict[str, Any]) -> str:
         )
     fo = d.get("fast_ops", {})
     if fo:
-        modules = ", ".join(fo["attention_modules"]) or "none routed yet"
+        modules = ", ".join(fo["attention_modules"]) or "no model loaded"
+        loop = "vectorized" if fo.get("generate_logsumexp") else "mlx's"
+        on = f"attention of {modules}; mlx_lm.generate's logsumexp {loop}"
         lines.append(
-            f"fast ops      JIT kernels {fo['jit']}; attention: "
-            + (f"vectorized softmax ({modules})" if fo["attention"] else "mlx's fallback")
+            f"fast ops      JIT kernels {fo['jit']}; installed (kernels/fast_ops.install): "
+            + (on if fo["attention"] else "off (mlx-lm as it is)")
         )
-        lines.append(f"native ops    {fo.get('native', '?')} (attention in one graph node)")
+        lines.append(f"native ops    {fo.get('native', '?')} (decoder layers, attention)")
         lines.append(f"allocator     {fo.get('allocator', '?')} (ADASPEC_MALLOC_TCACHE)")
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
