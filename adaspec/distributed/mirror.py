@@ -344,7 +344,7 @@ def stop(world: World) -> None:
 
 
 def leader_target(model: Any, tokenizer: Any, prefill_step: int) -> LeaderTarget:
-    """make_target's answer for a sharded model: rank 0's mirrored target."""
+    """The target for a sharded model (distributed.target_for): rank 0's mirrored target."""
     from .world import world as get_world
 
     w = get_world()

@@ -156,7 +156,7 @@ def _check_heads(model: Any, size: int) -> None:
 
 def shard(model: Any, world: World, kind: str = "auto") -> Sharding:
     """Split `model` over `world` (kind: auto = pipeline, pipeline, tensor); the sharding is
-    kept on the model as `adaspec_sharding` for make_target, -v and doctor."""
+    kept on the model as `adaspec_sharding` for target_for (__init__.py), -v and doctor."""
     kind = "pipeline" if kind == "auto" else kind
     if kind not in KINDS:
         raise DistributedError(f"sharding {kind!r} is unknown; accepted: auto, pipeline, tensor")
