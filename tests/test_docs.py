@@ -88,6 +88,19 @@ def _figure(header: str, summary: dict) -> str | None:
         return f"{summary['all']['median_ar_vs_stock']:.2f}x"
     if h == "identical to stock mlx-lm":
         return f"{summary['all']['stock_identical']}/{summary['all']['prompts']}"
+    a = summary["all"]
+    rates = {
+        "adaspec tok/s": "median_spec_tok_s",
+        "mlx-lm ar tok/s": "median_ar_tok_s",
+        "llama.cpp tok/s": "median_llama_tok_s",
+        "ngram-mod tok/s": "median_llama_ngram_tok_s",
+    }
+    if h in rates and rates[h] in a:
+        return f"{a[rates[h]]:.1f}"
+    if h in ("vs llama.cpp", "vs ngram-mod") and "median_spec_vs_llama" in a:
+        return f"{a['median_spec_vs_llama' + ('_ngram' * (h == 'vs ngram-mod'))]:.2f}x"
+    if h == "same text as llama.cpp" and "llama_same_text" in a:
+        return f"{a['llama_same_text']}/{a['prompts']}"
     if h == "floored steps":
         return f"{summary['all']['floored_fraction']:.0%}"
     if h == "identical":
@@ -103,9 +116,13 @@ def _checked_cells(text: str):
         cited = [m for c in cells for m in RESULT_NAME.findall(c) if m.startswith("bench-")]
         if len(cited) != 1:
             continue
-        summary = summarize(json.loads((RESULTS / cited[0]).read_text())["records"])
+        result = json.loads((RESULTS / cited[0]).read_text())
+        summary = summarize(result["records"])
         for col, cell in zip(header, cells):
             want = _figure(col, summary)
+            machine = result.get("config", {}).get("machine", {})
+            if col == "machine" and "peak_gflops" in machine:
+                want = f"{machine['peak_gflops']:.0f} GFLOP/s, {machine['read_gbs']:.0f} GB/s"
             printed = cell.replace("*", "")
             if want is not None and printed:
                 yield cited[0], col, printed, want

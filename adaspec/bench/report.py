@@ -16,6 +16,10 @@ def summarize(records: list[dict]) -> dict:
     def block(rs: list[dict]) -> dict:
         return {
             "prompts": len(rs),
+            "median_ar_tok_s": round(median([r["ar_tok_s"] for r in rs if "ar_tok_s" in r]), 2),
+            "median_spec_tok_s": round(
+                median([r["spec_tok_s"] for r in rs if "spec_tok_s" in r]), 2
+            ),
             "median_speedup": round(median([r["speedup"] for r in rs]), 4),
             "min_speedup": round(min((r["speedup"] for r in rs), default=0.0), 4),
             "median_e2e_speedup": round(median([r["e2e_speedup"] for r in rs]), 4),
