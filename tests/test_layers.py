@@ -145,6 +145,17 @@ def test_the_checks_catch_what_they_look_for():
     assert find_cycle(packages(g)) == ["p", "q", "p"]
 
 
+def test_private_uses_are_seen(tmp_path):
+    known = {"adaspec.api", "adaspec.serve.batch", "adaspec.serve.other"}
+    src = tmp_path / "batch.py"
+    src.write_text(
+        "from .. import api\nfrom ..api import _kept, texts\nfrom .other import _fine\n"
+        "api._texts(1)\napi.texts(2)\n"
+    )
+    found = private_uses("adaspec.serve.batch", src, known)
+    assert sorted(found) == ["adaspec.api._kept", "adaspec.api._texts"]
+
+
 def test_no_import_cycle_between_modules():
     cycle = find_cycle(without_package_inits(graph()))
     assert cycle is None, " -> ".join(cycle or [])
@@ -158,6 +169,33 @@ def test_no_import_cycle_between_subpackages():
 def test_every_top_level_module_has_a_layer():
     unplaced = {top(m) for m in modules() if top(m) and layer(m) is None}
     assert not unplaced, f"place in LAYERS: {sorted(unplaced)}"
+
+
+def private_uses(name: str, path: Path, known: set[str]) -> list[str]:
+    """Private names (`_x`) of another top-level module or subpackage that `name` imports
+    (`from m import _x`) or reads off a module it imported (`m._x`)."""
+    tree, found, aliases = ast.parse(path.read_text()), [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            mod = resolve(name, path.name == "__init__.py", node)
+            for a in node.names:
+                if f"{mod}.{a.name}" in known:
+                    aliases[a.asname or a.name] = f"{mod}.{a.name}"
+                elif mod in known and top(mod) != top(name) and a.name.startswith("_"):
+                    found += [] if a.name.startswith("__") else [f"{mod}.{a.name}"]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            mod = aliases.get(node.value.id)
+            if mod and top(mod) != top(name) and node.attr.startswith("_"):
+                if not node.attr.startswith("__"):
+                    found.append(f"{mod}.{node.attr}")
+    return found
+
+
+def test_no_module_uses_another_packages_private_names():
+    mods = modules()
+    used = {m: u for m, p in mods.items() if (u := private_uses(m, p, set(mods)))}
+    assert not used, used
 
 
 def test_subpackages_import_only_downward():
