@@ -84,7 +84,9 @@ def _solo(attn: Any, x: mx.array, mask: Any, cache: Any) -> tuple[mx.array, mx.a
     return rope._cos_sin(cache.offset, rows)
 
 
-def _folds(attn: Any, caches: list[Any], rows: list[int]) -> tuple[list[int], list[bool]]:
+def _offsets_and_folds(
+    attn: Any, caches: list[Any], rows: list[int]
+) -> tuple[list[int], list[bool]]:
     """The caches' offsets, and whether each sequence's attention folds its query heads"""
     rep, dim = attn.n_heads // attn.n_kv_heads, caches[0].keys.shape[-1]
     offsets = [c.offset for c in caches]
@@ -134,7 +136,7 @@ def attend_rows(
     if "q_norm" in attn:  # qwen3: per-head norms before RoPE, as its source applies them
         q = attn.q_norm(q.reshape(1, m, attn.n_heads, -1))
         k = attn.k_norm(k.reshape(1, m, attn.n_kv_heads, -1))
-    offsets, fold = _folds(attn, caches, rows)
+    offsets, fold = _offsets_and_folds(attn, caches, rows)
     out, *buffers = core.rope_attention_cache(
         q, k, v, cos, sin, rope.dims, attn.n_heads, attn.n_kv_heads,
         [c.keys for c in caches], [c.values for c in caches], rows, offsets, fold, attn.scale,
@@ -204,7 +206,7 @@ def layer_rows(
     if projs is None or core is None:
         return None
     attn = block.self_attn
-    offsets, fold = _folds(attn, caches, rows)
+    offsets, fold = _offsets_and_folds(attn, caches, rows)
     n1, n2 = block.input_layernorm, block.post_attention_layernorm
     out, *buffers = core.decoder_layer(
         x, n1.weight, n2.weight, n1.eps, n2.eps, [p["weight"] for p in projs],
