@@ -13,6 +13,8 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..kernels.attention import scaled_dot_product_attention
+
 # mlx-lm attention modules this wrapper knows (their q/k/v/o projections, optional q/k norms,
 # rope module and head counts); GGUF conversions load as these model types
 TREE_MODEL_TYPES = ("llama", "qwen2", "qwen3")
@@ -58,8 +60,6 @@ class TreeAttention:
         self.attn, self.positions, self.mask = attn, positions, mask
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
-        from mlx_lm.models.base import scaled_dot_product_attention
-
         a = self.attn
         B, L, _ = x.shape
         q = a.q_proj(x).reshape(B, L, a.n_heads, -1)
@@ -69,6 +69,7 @@ class TreeAttention:
             q, k = a.q_norm(q), a.k_norm(k)
         q, k = self._rope(q), self._rope(k)
         k, v = cache.update_and_fetch(k, v)
+        # the native node where it applies (kernels/attention.py), else mlx-lm's own function
         out = scaled_dot_product_attention(q, k, v, cache=cache, scale=a.scale, mask=self.mask)
         return a.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
