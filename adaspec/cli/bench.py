@@ -5,6 +5,8 @@ llama.cpp."""
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from contextlib import ExitStack
 from typing import Any
 
@@ -117,6 +119,9 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
         )
     measured = machine.measure()  # before anything of the run is in the caches
     with ExitStack() as stack:
+        if args.peer and threading.current_thread() is threading.main_thread():
+            # terminated, the bench still ends the peers' processes (a worker, servers)
+            stack.callback(signal.signal, signal.SIGTERM, signal.signal(signal.SIGTERM, _stop))
         peers = start_peers(args, model, tokenizer, drafter, stack)
         result = run_suite(
             model,
@@ -168,6 +173,10 @@ def select(suite: list, category: list[str], grounded: str | None, limit: int | 
     if not suite:
         raise GenerationArgumentError("no prompts left after --category/--grounded/--limit")
     return suite
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def peer_options(args: argparse.Namespace) -> Any:
