@@ -20,7 +20,7 @@ import adaspec  # noqa: F401  (fast BLAS before mlx)
 from adaspec.api import stream_generate
 from adaspec.bench.suite import load_suite
 from adaspec.drafters import dflash
-from adaspec.policy import controller
+from adaspec.loop import controller
 from adaspec.prompting import prompt_ids
 from adaspec.settings import from_env
 from adaspec.targets.kv import KVTarget
