@@ -959,6 +959,7 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
     q8_gemm(type, s->exact ? s->data : (const unsigned char *)b, s->exact ? s->row_bytes : 4L * ldb,
             s->packed, s->group_bytes, m, n, k, alpha, a, lda, beta, c, ldc);
     atomic_fetch_add(&q8_calls, 1);
+    typed = s;
   } else if (s && s->exact && m > own_rows) {
     to = 1;
     wide_stored(m, n, k, alpha, a, lda, s, beta, c, ldc);

@@ -24,7 +24,10 @@
 
 enum { T_Q8P = 63 }; /* a source_t type: the packed copy */
 #define Q8_LANES 16
-#define Q8_ROWS 4 /* token rows multiplied per pass over a unit's decoded weights */
+#define Q8_ROWS 8 /* token rows multiplied per pass over a unit's decoded weights */
+#ifndef Q8_PF
+#define Q8_PF 4096 /* bytes ahead of the weights being decoded that are prefetched (0: none) */
+#endif
 
 typedef struct {
   int sb, s;  /* elements per super-block, per sub-block */
@@ -34,6 +37,16 @@ typedef struct {
   int has_sc; /* per-lane signed 8-bit sub-scales */
   int mn;     /* 0: no min; 1: min = dmin * (sum of the block); 2: per-lane 8-bit sub-mins */
 } q8fmt_t;
+
+/* whether the vector kernel runs: this CPU has VNNI and the AVX-512 kernels are chosen */
+static int q8_vector(void) {
+  static int has = -1;
+  if (has < 0) {
+    __builtin_cpu_init();
+    has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+  }
+  return has && isa == ISA_AVX512;
+}
 
 static const q8fmt_t Q8_AS_Q8_0 = {32, 32, 8, 0, 128, 0, 0};
 
@@ -209,7 +222,7 @@ static unsigned char *q8_pack(int type, const unsigned char *data, long row_byte
 }
 
 /* ---- activations: per row, codes qa[K], then da per super-block, then per sub-block the
- * sum of its codes and off times it ---------------------------------------------------- */
+ * sum of its codes and -off times it (where a dot product of the sub-block starts) ------- */
 
 typedef struct {
   const unsigned char *base;
@@ -229,13 +242,43 @@ static inline const int *q8_bsum(const q8act_t *a, int r) {
 static inline const int *q8_obs(const q8act_t *a, int r) {
   return q8_bsum(a, r) + a->nsub;
 }
+static inline const short *q8_bsum16(const q8act_t *a, int r) { /* |bsum| <= 32 * 127 */
+  return (const short *)(q8_obs(a, r) + a->nsub);
+}
+
+/* n floats (a multiple of 16) to codes: q = nearest(x * 127 / amax), clamped to +-127; returns
+ * amax. The vector form rounds as nearbyintf (to nearest, ties to even) and gives a NaN the
+ * code fminf(fmaxf(NaN, -127), 127) gives: the same codes. */
+static float q8_codes_scalar(const float *x, int n, signed char *q) {
+  float amax = 0.f;
+  for (int e = 0; e < n; e++) amax = fmaxf(amax, fabsf(x[e]));
+  float inv = amax > 0.f ? 127.f / amax : 0.f;
+  for (int e = 0; e < n; e++) q[e] = (signed char)fminf(fmaxf(nearbyintf(x[e] * inv), -127.f), 127.f);
+  return amax;
+}
+
+__attribute__((target("avx512f,avx512bw"))) static float q8_codes_vector(const float *x, int n,
+                                                                         signed char *q) {
+  __m512 m = _mm512_setzero_ps();
+  for (int e = 0; e < n; e += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + e)));
+  float amax = _mm512_reduce_max_ps(m);
+  if (amax != amax) amax = q8_codes_scalar(x, n, q); /* a NaN: let fmaxf decide, as above */
+  __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int e = 0; e < n; e += 16) {
+    __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + e), inv));
+    v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
+    _mm_storeu_si128((__m128i *)(q + e), _mm512_cvtepi32_epi8(v));
+  }
+  return amax;
+}
 
 /* quantize m rows of A (k floats, lda apart) for weights of format f into a thread's scratch */
 static q8act_t q8_quantize(q8fmt_t f, int m, int k, const float *A, int lda) {
   static __thread unsigned char *buf;
   static __thread long have;
   q8act_t a = {0, 0, k, k / f.sb, k / f.s};
-  a.stride = ((long)k + 4L * a.nsb + 8L * a.nsub + 63) / 64 * 64;
+  a.stride = ((long)k + 4L * a.nsb + 10L * a.nsub + 63) / 64 * 64;
   if ((long)m * a.stride > have) {
     free(buf);
     have = (long)m * a.stride;
@@ -243,23 +286,22 @@ static q8act_t q8_quantize(q8fmt_t f, int m, int k, const float *A, int lda) {
     if (!buf) abort();
   }
   a.base = buf;
+  int vector = q8_vector();
   for (int r = 0; r < m; r++) {
     const float *x = A + (long)r * lda;
     signed char *qa = (signed char *)(buf + r * a.stride);
     float *da = (float *)(buf + r * a.stride + k);
     int *bsum = (int *)(da + a.nsb), *obs = bsum + a.nsub;
     for (int sb = 0; sb < a.nsb; sb++) {
-      float amax = 0.f;
-      for (int e = sb * f.sb; e < (sb + 1) * f.sb; e++) amax = fmaxf(amax, fabsf(x[e]));
-      float inv = amax > 0.f ? 127.f / amax : 0.f;
+      const float *xs = x + sb * f.sb;
+      signed char *qs = qa + sb * f.sb;
+      float amax = vector ? q8_codes_vector(xs, f.sb, qs) : q8_codes_scalar(xs, f.sb, qs);
       da[sb] = amax / 127.f;
-      for (int e = sb * f.sb; e < (sb + 1) * f.sb; e++)
-        qa[e] = (signed char)fminf(fmaxf(nearbyintf(x[e] * inv), -127.f), 127.f);
     }
     for (int j = 0; j < a.nsub; j++) {
       int s = 0;
       for (int e = j * f.s; e < (j + 1) * f.s; e++) s += qa[e];
-      bsum[j] = s, obs[j] = f.off * s;
+      bsum[j] = s, obs[j] = -f.off * s, ((short *)(obs + a.nsub))[j] = (short)s;
     }
   }
   return a;
@@ -283,7 +325,7 @@ static void q8_reference(int type, const unsigned char *B, long row_bytes, int m
         for (int j = 0; j < per; j++) {
           int dot = 0, at = sb * f.sb + j * f.s, sub = sb * per + j;
           for (int e = 0; e < f.s; e++) dot += q[j * f.s + e] * qa[at + e];
-          dot -= q8_obs(a, r)[sub];
+          dot += q8_obs(a, r)[sub];
           isum += f.has_sc ? sc[j] * dot : dot;
           imin += f.mn == 2 ? mn[j] * q8_bsum(a, r)[sub] : q8_bsum(a, r)[sub];
         }
@@ -303,20 +345,27 @@ static void q8_reference(int type, const unsigned char *B, long row_bytes, int m
 #define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define Q8_INLINE static inline __attribute__((always_inline)) Q8_TARGET
 
-/* whether the vector kernel runs: this CPU has VNNI and the AVX-512 kernels are chosen */
-static int q8_vector(void) {
-  static int has = -1;
-  if (has < 0) {
-    __builtin_cpu_init();
-    has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
+/* a thread's accumulators: 16 floats for each of m rows, 64-byte aligned */
+static float *q8_scratch(int m) {
+  static __thread float *buf;
+  static __thread int have;
+  if (m > have) {
+    free(buf);
+    buf = aligned_alloc(64, sizeof(float) * Q8_LANES * m);
+    if (!buf) abort();
+    have = m;
   }
-  return has && isa == ISA_AVX512;
+  return buf;
 }
 
 /* sub-block j's codes of a unit's 16 lanes: w[t] holds quad t (4 consecutive k) per lane */
 Q8_INLINE void q8_weights(const int S, const int BITS, const int HB, const unsigned char *p,
                           __m512i *w) {
   const int T = S / 4, half = T / 2;
+#if Q8_PF
+  for (int i = 0; i < (BITS == 8 ? T : half + (HB > 0)); i++)
+    _mm_prefetch((const char *)p + Q8_PF + 64 * i, _MM_HINT_T0);
+#endif
   if (BITS == 8) {
     for (int t = 0; t < T; t++) w[t] = _mm512_loadu_si512(p + 64 * t);
     return;
@@ -337,88 +386,117 @@ Q8_INLINE void q8_weights(const int S, const int BITS, const int HB, const unsig
   }
 }
 
-static inline int q8_word(const signed char *p) {
-  int v;
-  __builtin_memcpy(&v, p, 4);
-  return v;
+
+/* acc + the 4-byte dot products of w's unsigned bytes with the signed bytes at p, broadcast
+ * (a memory operand: the compiler would spend a broadcast instruction on each) */
+Q8_INLINE __m512i q8_dot(__m512i acc, __m512i w, const signed char *p) {
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));
+  return acc;
 }
 
-/* R token rows from r0 against one group (its units from g on): acc[r] = the 16 outputs */
-Q8_INLINE void q8_rows(const int R, const int SB, const int S, const int BITS, const int HB,
-                       const int OFF, const int SC, const int MN, const unsigned char *g,
-                       q8layout_t o, int nsb, const q8act_t *a, int r0, __m512 *acc) {
-  const int NSUB = SB / S, T = S / 4;
-  const signed char *qa[Q8_ROWS];
-  for (int r = 0; r < R; r++) qa[r] = q8_codes(a, r0 + r), acc[r] = _mm512_setzero_ps();
-  for (int sb = 0; sb < nsb; sb++) {
-    const unsigned char *u = g + (long)sb * o.unit;
-    __m512i isum[Q8_ROWS];
-    for (int j = 0; j < NSUB; j++) {
-      __m512i w[8], d0[Q8_ROWS], d1[Q8_ROWS];
-      q8_weights(S, BITS, HB, u + o.planes + j * o.sub_bytes, w);
-      int at = sb * SB + j * S, sub = sb * NSUB + j;
-      for (int r = 0; r < R; r++) d0[r] = d1[r] = _mm512_setzero_si512();
-      for (int t = 0; t < T; t += 2)
-        for (int r = 0; r < R; r++) {
-          d0[r] = _mm512_dpbusd_epi32(d0[r], w[t], _mm512_set1_epi32(q8_word(qa[r] + at + 4 * t)));
-          d1[r] = _mm512_dpbusd_epi32(d1[r], w[t + 1],
-                                      _mm512_set1_epi32(q8_word(qa[r] + at + 4 * t + 4)));
-        }
-      __m512i scv = SC ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(u + o.sc + 16 * j)))
-                       : _mm512_setzero_si512();
-      for (int r = 0; r < R; r++) {
-        __m512i dot = _mm512_add_epi32(d0[r], d1[r]);
-        if (OFF) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(q8_obs(a, r0 + r)[sub]));
-        isum[r] = !SC ? dot : j ? _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, scv))
-                                : _mm512_mullo_epi32(dot, scv);
-      }
-    }
-    __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)u));
-    __m512 dmv = MN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + o.dmin)))
-                    : _mm512_setzero_ps();
+/* acc + w's pairs of signed 16-bit halves times the pair at p, broadcast */
+Q8_INLINE __m512i q8_pairs(__m512i acc, __m512i w, const short *p) {
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));
+  return acc;
+}
+
+/* R token rows from r0 against one unit u (super-block sb of a group): acc (16 floats a row,
+ * in memory between super-blocks) += the unit's share of the 16 outputs */
+Q8_INLINE void q8_unit(const int R, const int SB, const int S, const int BITS, const int HB,
+                       const int OFF, const int SC, const int MN, const unsigned char *u,
+                       q8layout_t o, int sb, const q8act_t *a, int r0, float *acc) {
+  const int NSUB = SB / S, T = S / 4, DUAL = R <= 4; /* 8 chains or more hide the latency */
+  __m512i isum[Q8_ROWS];
+  for (int j = 0; j < NSUB; j++) {
+    __m512i w[8], d0[Q8_ROWS], d1[Q8_ROWS];
+    q8_weights(S, BITS, HB, u + o.planes + j * o.sub_bytes, w);
+    int at = sb * SB + j * S, sub = sb * NSUB + j;
     for (int r = 0; r < R; r++) {
-      __m512 da = _mm512_set1_ps(q8_da(a, r0 + r)[sb]);
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum[r]), acc[r]);
-      if (!MN) continue;
-      const int *bs = q8_bsum(a, r0 + r) + sb * NSUB;
-      __m512i imin = _mm512_set1_epi32(bs[0]);
-      if (MN == 2) {
-        imin = _mm512_setzero_si512();
-        for (int j = 0; j < NSUB; j++) {
-          __m512i mv = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + o.mn + 16 * j)));
-          imin = _mm512_add_epi32(imin, _mm512_mullo_epi32(mv, _mm512_set1_epi32(bs[j])));
-        }
-      }
-      acc[r] = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, da), _mm512_cvtepi32_ps(imin), acc[r]);
+      d0[r] = OFF ? _mm512_set1_epi32(q8_obs(a, r0 + r)[sub]) : _mm512_setzero_si512();
+      d1[r] = _mm512_setzero_si512();
     }
+    for (int t = 0; t < T; t += 2)
+      for (int r = 0; r < R; r++) {
+        const signed char *qa = q8_codes(a, r0 + r) + at + 4 * t;
+        d0[r] = q8_dot(d0[r], w[t], qa);
+        if (DUAL)
+          d1[r] = q8_dot(d1[r], w[t + 1], qa + 4);
+        else
+          d0[r] = q8_dot(d0[r], w[t + 1], qa + 4);
+      }
+    __m512i scv = SC ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(u + o.sc + 16 * j)))
+                     : _mm512_setzero_si512();
+    for (int r = 0; r < R; r++) {
+      __m512i dot = DUAL ? _mm512_add_epi32(d0[r], d1[r]) : d0[r];
+      isum[r] = !SC ? dot : j ? _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, scv))
+                              : _mm512_mullo_epi32(dot, scv);
+    }
+  }
+  __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)u));
+  __m512 dmv = MN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + o.dmin)))
+                  : _mm512_setzero_ps();
+  __m512i mnp[8]; /* sub-mins j and j + 1 of each lane as two 16-bit halves */
+  for (int i = 0; MN == 2 && i < NSUB / 2; i++) {
+    const __m128i *p = (const __m128i *)(u + o.mn + 32 * i);
+    mnp[i] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(p)),
+                             _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1)), 16));
+  }
+  for (int r = 0; r < R; r++) {
+    __m512 da = _mm512_set1_ps(q8_da(a, r0 + r)[sb]);
+    __m512 v = _mm512_load_ps(acc + 16 * r);
+    v = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum[r]), v);
+    if (MN) {
+      __m512i imin = _mm512_set1_epi32(q8_bsum(a, r0 + r)[sb * NSUB]);
+      if (MN == 2) {
+        const short *bs = q8_bsum16(a, r0 + r) + sb * NSUB;
+        imin = _mm512_setzero_si512();
+        for (int i = 0; i < NSUB / 2; i++) imin = q8_pairs(imin, mnp[i], bs + 2 * i);
+      }
+      v = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, da), _mm512_cvtepi32_ps(imin), v);
+    }
+    _mm512_store_ps(acc + 16 * r, v);
   }
 }
 
-/* all M rows against the groups of N outputs packed at data */
+#define Q8_TILE 16384 /* bytes of activation codes a pass over the groups reads (in L1) */
+
+/* all M rows against the groups of N outputs packed at data, in tiles of super-blocks whose
+ * activation codes stay in L1: per tile, per group, per super-block, Q8_ROWS rows at a time
+ * (the unit stays in L1 while every row passes over it). Each output still adds its
+ * super-blocks in increasing order. */
 Q8_INLINE void q8_groups(const int SB, const int S, const int BITS, const int HB, const int OFF,
                          const int SC, const int MN, int M, int N, const unsigned char *data,
                          long group_bytes, const q8act_t *a, float al, float be, float *C,
                          int ldc) {
   q8layout_t o = q8_layout((q8fmt_t){SB, S, BITS, HB, OFF, SC, MN});
-  int nsb = a->k / SB;
-  for (int g = 0; g * Q8_LANES < N; g++) {
-    const unsigned char *gp = data + (long)g * group_bytes;
-    int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
-    for (int r0 = 0; r0 < M; r0 += Q8_ROWS) {
-      __m512 acc[Q8_ROWS];
-      int R = M - r0 < Q8_ROWS ? M - r0 : Q8_ROWS;
-      switch (R) {
-        case 1: q8_rows(1, SB, S, BITS, HB, OFF, SC, MN, gp, o, nsb, a, r0, acc); break;
-        case 2: q8_rows(2, SB, S, BITS, HB, OFF, SC, MN, gp, o, nsb, a, r0, acc); break;
-        case 3: q8_rows(3, SB, S, BITS, HB, OFF, SC, MN, gp, o, nsb, a, r0, acc); break;
-        default: q8_rows(4, SB, S, BITS, HB, OFF, SC, MN, gp, o, nsb, a, r0, acc); break;
+  int nsb = a->k / SB, groups = (N + Q8_LANES - 1) / Q8_LANES;
+  int tile = Q8_TILE / (M * SB) > 0 ? Q8_TILE / (M * SB) : 1;
+  if (tile >= nsb) tile = nsb;
+  int span = tile < nsb ? groups : 1; /* groups whose accumulators live at once */
+  float *acc = q8_scratch(M * span);
+  for (int g0 = 0; g0 < groups; g0 += span) {
+    __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M * span);
+    for (int s0 = 0; s0 < nsb; s0 += tile)
+      for (int g = g0; g < g0 + span; g++) {
+        float *ag = acc + (long)Q8_LANES * M * (g - g0);
+        for (int sb = s0; sb < s0 + tile && sb < nsb; sb++) {
+          const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
+          for (int r0 = 0; r0 < M; r0 += Q8_ROWS) {
+            float *ar = ag + Q8_LANES * r0;
+            switch (M - r0 < Q8_ROWS ? M - r0 : Q8_ROWS) {
+#define Q8_R(n) case n: q8_unit(n, SB, S, BITS, HB, OFF, SC, MN, u, o, sb, a, r0, ar); break;
+              Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
+#undef Q8_R
+            }
+          }
+        }
       }
-      for (int r = 0; r < R; r++) {
-        float v[Q8_LANES];
-        _mm512_storeu_ps(v, acc[r]);
+    for (int g = g0; g < g0 + span; g++) {
+      int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
+      const float *ag = acc + (long)Q8_LANES * M * (g - g0);
+      for (int r = 0; r < M; r++)
         for (int l = 0; l < lanes; l++)
-          put(C + (long)(r0 + r) * ldc + g * Q8_LANES + l, v[l], al, be);
-      }
+          put(C + (long)r * ldc + g * Q8_LANES + l, ag[Q8_LANES * r + l], al, be);
     }
   }
 }
