@@ -6,8 +6,9 @@ kernels) but not their independence from the batch: a token row's output is the 
 for every number of rows in the GEMM and every position among them, so speculative decoding
 on a q8 model gives exactly that q8 model's own autoregressive output. Every weight GEMM of
 the model takes it (prefill, steps, verifies, the LM head); attention's GEMMs stay fp32.
-Stored matrices (GGUF blocks, 2-byte floats) get a packed copy for the vector kernel (about
-their stored size); fp32 matrices are packed as Q8_0 (one scale per 32 weights).
+A matrix's first q8 GEMM makes its packed copy for the vector kernel: a stored matrix's
+about its stored size, an fp32 one as Q8_0 (one scale per 32 weights); a matrix only
+gathered from (an untied embedding) never takes one.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ _WHY = {
 @dataclass
 class Q8State:
     """The q8 matrices of one model: the arrays (kept alive while their stand-ins are
-    registered, so no other array takes their addresses) and the bytes of the packed copies."""
+    registered, so no other array takes their addresses) and the bytes their packed copies
+    take once made (0: no vector kernel; the reference runs)."""
 
     mode: str
     weights: list[Any] = field(default_factory=list)
@@ -125,8 +127,9 @@ def describe(model: Any) -> str:
     state = getattr(model, "adaspec_arithmetic", None)
     if state is None or state.mode == "exact":
         return "exact"
-    how = "AVX-512 VNNI" if state.vector else "scalar reference (no AVX-512 VNNI)"
-    return f"q8 ({how}, packed {state.packed_bytes / 1e6:.0f} MB)"
+    if not state.vector:
+        return "q8 (scalar reference: this CPU has no AVX-512 VNNI)"
+    return f"q8 (AVX-512 VNNI, packed copies up to {state.packed_bytes / 1e6:.0f} MB)"
 
 
 def calls() -> int | None:

@@ -685,7 +685,7 @@ typedef struct {
 static standin_t standins[SLOTS];
 static atomic_int n_standins;
 static atomic_ulong shadow_calls, stored_calls[2]; /* stored: by the kernel, by the library */
-static atomic_ulong q8_calls;                       /* GEMMs in the 8-bit arithmetic */
+static atomic_ulong q8_calls, q8_bytes; /* GEMMs in the 8-bit arithmetic; its copies' bytes */
 /* per type id of a stand-in, the kernel's GEMMs on it: calls, nanoseconds, bytes of B read */
 static atomic_ulong by_type[32][3];
 static pthread_mutex_t standin_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -754,6 +754,8 @@ int adaspec_shadow_remove(const float *w) {
   if (s) {
     atomic_store_explicit(&s->w, GONE, memory_order_release);
     atomic_fetch_sub(&n_standins, 1);
+    if (s->packed)
+      atomic_fetch_sub(&q8_bytes, (unsigned long)((s->n + Q8_LANES - 1) / Q8_LANES) * s->group_bytes);
     free(s->packed);
     s->packed = 0, s->q8 = 0;
   }
@@ -779,17 +781,27 @@ long adaspec_q8_use(const float *w, int n, int k, int ld, int on) {
   int type = s->exact ? s->type : T_F32;
   q8fmt_t f = q8_fmt(type);
   if (!f.sb || k % f.sb || s->n != n || s->k != k) return -3;
-  if (on && !s->packed && q8_vector()) {
-    pthread_mutex_lock(&standin_mu);
-    if (!s->packed)
-      s->packed = q8_pack(type, s->exact ? s->data : (const unsigned char *)w,
-                          s->exact ? s->row_bytes : 4L * ld, n, k, &s->group_bytes);
-    pthread_mutex_unlock(&standin_mu);
-    if (!s->packed) return -4;
-  }
   s->q8 = on;
-  return s->packed ? (long)((n + Q8_LANES - 1) / Q8_LANES) * s->group_bytes : 0;
+  return q8_vector() ? (long)((n + Q8_LANES - 1) / Q8_LANES) * (k / f.sb) * q8_layout(f).unit : 0;
 }
+
+/* s's packed copy, made by its first q8 GEMM (a matrix only gathered from, an embedding, never
+ * takes the memory); 0 when the vector kernel does not run or memory ran out */
+static const unsigned char *q8_packed(standin_t *s, const float *w) {
+  if (s->packed || !q8_vector()) return s->packed;
+  pthread_mutex_lock(&standin_mu);
+  if (!s->packed) {
+    int type = s->exact ? s->type : T_F32;
+    s->packed = q8_pack(type, s->exact ? s->data : (const unsigned char *)w,
+                        s->exact ? s->row_bytes : 4L * s->ld, s->n, s->k, &s->group_bytes);
+    if (s->packed) atomic_fetch_add(&q8_bytes, (unsigned long)((s->n + Q8_LANES - 1) / Q8_LANES) * s->group_bytes);
+  }
+  pthread_mutex_unlock(&standin_mu);
+  return s->packed;
+}
+
+/* bytes of the packed copies made so far (and not yet freed) */
+unsigned long adaspec_q8_packed_bytes(void) { return atomic_load(&q8_bytes); }
 
 /* a GEMM in the 8-bit arithmetic on B = data (`type`, rows row_bytes apart), packed or not */
 static void q8_gemm(int type, const unsigned char *data, long row_bytes,
@@ -956,8 +968,9 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
   }
   if (s && s->q8) {
     int type = s->exact ? s->type : T_F32;
+    const unsigned char *packed = q8_packed((standin_t *)s, b);
     q8_gemm(type, s->exact ? s->data : (const unsigned char *)b, s->exact ? s->row_bytes : 4L * ldb,
-            s->packed, s->group_bytes, m, n, k, alpha, a, lda, beta, c, ldc);
+            packed, s->group_bytes, m, n, k, alpha, a, lda, beta, c, ldc);
     atomic_fetch_add(&q8_calls, 1);
     typed = s;
   } else if (s && s->exact && m > own_rows) {
