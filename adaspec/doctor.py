@@ -146,7 +146,7 @@ def _limits(settings: Settings) -> dict[str, Any]:
 
 def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]:
     from .api import load
-    from .kernels import fast_ops
+    from .kernels import arithmetic, fast_ops
     from .targets.base import layer_list
 
     t = time.perf_counter()
@@ -159,10 +159,54 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
         "load_s": load_s,
         "num_layers": len(layer_list(model)),
         "fast_ops": fast_ops.installed(model),
+        "arithmetic": arithmetic.of(model),
         **forward_times(model, repeats=repeats),
+        "arithmetics": arithmetic_curves(model, repeats),
         "long_context": long,
         "suffix": suffix_report(model, tokenizer, settings),
     }
+
+
+def arithmetic_curves(model: Any, repeats: int, sizes: tuple[int, ...] | None = None) -> dict:
+    """Per arithmetic the model can run (exact, and q8 with the routed kernel), the ms of a
+    forward of each number of token rows and its ratio to one row; the model is left on the
+    arithmetic it had."""
+    from .kernels import arithmetic, stored
+
+    had = arithmetic.of(model)
+    modes = arithmetic.ARITHMETICS if stored.router() is not None else (had,)
+    curves: dict[str, Any] = {}
+    try:
+        for mode in modes:
+            arithmetic.apply(model, mode)
+            t = forward_times(model, repeats=repeats, sizes=sizes)
+            curves[mode] = {
+                "kernel": arithmetic.describe(model),
+                "rows": {r["tokens"]: {"ms": r["ms"], "ratio": r["ratio"]} for r in t["per_size"]},
+            }
+    finally:
+        arithmetic.apply(model, had)
+    return curves
+
+
+def _arithmetic_lines(m: dict[str, Any]) -> list[str]:
+    """The row-cost curve of each arithmetic side by side"""
+    curves = m.get("arithmetics") or {}
+    if len(curves) < 2:
+        return []
+    modes = list(curves)
+    out = [
+        "arithmetic    ms of a forward of n token rows (ratio to 1 row); "
+        + "; ".join(f"{k}: {c['kernel']}" for k, c in curves.items()),
+        "tokens " + "".join(f"{k:>18}" for k in modes),
+    ]
+    for n in curves[modes[0]]["rows"]:
+        cells = "".join(
+            f"{curves[k]['rows'][n]['ms']:9.1f} ({curves[k]['rows'][n]['ratio']:4.2f}x)"
+            for k in modes
+        )
+        out.append(f"{n:6} {cells}")
+    return out
 
 
 def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, Any]:
@@ -311,6 +355,7 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
         for r in m["per_size"]
     ]
     lines += _outside_gemms(m)
+    lines += _arithmetic_lines(m)
     lines += _type_lines(m.get("by_type") or [], lim.get("read_gbs", 0))
     if lim.get("read_gbs", 0) > 0:
         stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6
