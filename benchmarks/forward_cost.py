@@ -5,6 +5,7 @@ bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
 
     python benchmarks/forward_cost.py [--model smollm2-135m] [--context 200]
         [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--weights fp32|bf16] [--json out.json]
+        [--arithmetic exact,q8]   # one table per arithmetic, then the curves side by side
     (--weights bf16: the small-row GEMMs read bf16 shadows of the weight matrices, as a
     draft model with weights=bf16 does; the GB/s column still counts fp32 bytes)
     ADASPEC_BLAS=openblas python benchmarks/forward_cost.py      # another BLAS
@@ -20,7 +21,7 @@ from datetime import date
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
-from adaspec.kernels import blas, fast_ops, roofline, shadow
+from adaspec.kernels import arithmetic, blas, fast_ops, roofline, shadow
 from adaspec.settings import from_env
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
@@ -40,7 +41,15 @@ def main() -> None:
         help="GGUF weights at their stored bits, or expanded to fp32 (ADASPEC_STORED_WEIGHTS)",
     )
     p.add_argument("--json", default=None, help="write the numbers here")
+    p.add_argument(
+        "--arithmetic",
+        default="exact",
+        help="comma-separated: exact, q8 (ADASPEC_ARITHMETIC); several print side by side",
+    )
     a = p.parse_args()
+    modes = a.arithmetic.split(",")
+    if not modes or any(m not in arithmetic.ARITHMETICS for m in modes):
+        p.error(f"--arithmetic {a.arithmetic}: accepted: {', '.join(arithmetic.ARITHMETICS)}")
     sizes = tuple(int(s) for s in a.sizes.split(","))
     if 1 not in sizes:
         p.error(f"--sizes {a.sizes}: must include 1 (the ratios are to a 1-token step)")
@@ -52,12 +61,50 @@ def main() -> None:
     fast_ops.install(model)
     shadows = shadow.shadow_model(model) if a.weights == "bf16" else None
     limits = roofline.measure(get_settings().cache, threads=os.cpu_count() or 1)
-    times = doctor.forward_times(model, repeats=a.repeats, context=a.context)
+    by_mode = {}
+    for mode in modes:
+        arithmetic.apply(model, mode)
+        by_mode[mode] = doctor.forward_times(model, repeats=a.repeats, context=a.context)
+        by_mode[mode]["kernel"] = arithmetic.describe(model)
+        report(a, by_mode[mode], limits, stored_mb, shadows, mode)
+    if len(modes) > 1:
+        side_by_side(by_mode)
+    if a.json:
+        st = blas.status()
+        first = by_mode[modes[0]]
+        out = {
+            "date": date.today().isoformat(),
+            "model": a.model,
+            "context": a.context,
+            "blas": st.kind,
+            "kernel_isa": blas.kernel_isa(),
+            "weights": a.weights,
+            "stored_mb": stored_mb,
+            "limits": asdict(limits),
+            "arithmetic": modes[0],
+            **first,
+            "by_arithmetic": by_mode,
+        }
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+def side_by_side(by_mode: dict) -> None:
+    modes = list(by_mode)
+    print("| tokens | " + " | ".join(f"{m} ms (x 1 row)" for m in modes) + " |")
+    print("|---|" + "---|" * len(modes))
+    rows = [{r["tokens"]: r for r in by_mode[m]["per_size"]} for m in modes]
+    for n in rows[0]:
+        cells = " | ".join(f"{r[n]['ms']:.1f} ({r[n]['ratio']:.2f})" for r in rows)
+        print(f"| {n} | {cells} |")
+
+
+def report(a, times: dict, limits, stored_mb: float, shadows, mode: str) -> None:
     st = blas.status()
     stream_ms = times["weight_bytes"] / limits.read_gbs / 1e6
     print(
-        f"{a.model}, context {a.context}, BLAS {st.kind}, kernel {blas.kernel_isa()}, "
-        f"weights {a.weights}, "
+        f"{a.model}, arithmetic {times['kernel']}, context {a.context}, BLAS {st.kind}, "
+        f"kernel {blas.kernel_isa()}, weights {a.weights}, "
         + (f"stored bits ({stored_mb:.0f} MB)" if stored_mb else "fp32 expansion")
         + (f" ({shadows.count} matrices, {shadows.nbytes / 1e6:.0f} MB of bf16)" if shadows else "")
     )
@@ -84,20 +131,6 @@ def main() -> None:
     for r in times["by_type"]:
         floor = roofline.floor_ratio(r, limits.read_gbs)
         print(f"| {r['type']} | {r['mb']:.0f} | {r['ms']:.2f} | {r['gbs']:.1f} | {floor:.2f} |")
-    if a.json:
-        out = {
-            "date": date.today().isoformat(),
-            "model": a.model,
-            "context": a.context,
-            "blas": st.kind,
-            "kernel_isa": blas.kernel_isa(),
-            "weights": a.weights,
-            "stored_mb": stored_mb,
-            "limits": asdict(limits),
-            **times,
-        }
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":
