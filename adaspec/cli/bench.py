@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
     from ..bench import SHIPPED, machine, markdown, run_suite, save
     from ..distributed.shard import sharding
     from ..errors import GenerationArgumentError
+    from ..kernels import arithmetic
 
     drafter = drafter_plan(args, model, tokenizer)
     if args.peer is not None and sharding(model) is not None:
@@ -138,9 +139,11 @@ def _run(args: argparse.Namespace, suite: list, model: Any, tokenizer: Any) -> i
     result["config"].update(model=args.model, suite=suite_name, max_tokens=args.max_tokens)
     shard = sharding(model)
     result["config"]["target"] = shard.describe() if shard else "one process"
+    result["config"]["arithmetic"] = arithmetic.describe(model)  # the target's and AR's GEMMs
     result["config"]["machine"] = {**measured, "load_end": machine.load()}
     print(markdown(result["records"], result["summary"]))
     print(machine.line(result["config"]["machine"]))
+    print(f"arithmetic: {result['config']['arithmetic']}")
     for described in result["config"].values():
         if isinstance(described, dict) and "build" in described:
             print(f"{described['name']}: {described['build']}")

@@ -55,6 +55,7 @@ def _run(args: argparse.Namespace, model: Any, tokenizer: Any) -> int:
     from ..bench.timing import timed
     from ..distributed.shard import sharding
     from ..errors import GenerationArgumentError
+    from ..kernels import arithmetic
     from ..prompting import messages_for, prompt_ids
 
     settings = settings_mod.get()
@@ -71,7 +72,9 @@ def _run(args: argparse.Namespace, model: Any, tokenizer: Any) -> int:
             print(line, file=sys.stderr)
         shard = sharding(model)
         where = shard.describe() if shard else "one process"
-        print(f"[adaspec] target: {where}", file=sys.stderr)
+        print(
+            f"[adaspec] target: {where}, arithmetic {arithmetic.describe(model)}", file=sys.stderr
+        )
     kw = dict(
         drafter=drafter_plan(args, model, tokenizer),
         max_tokens=args.max_tokens,
