@@ -181,3 +181,26 @@ def test_the_drafter_contract_holds_on_a_q8_target():
         assert report.accepted > 0
     finally:
         arithmetic.apply(target, "exact")
+
+
+def test_a_q8_draft_model_leaves_the_exact_target_exact_and_its_output_unchanged(tmp_path):
+    """weights=q8: the draft model's own GEMMs run q8 (cheaper drafts); the target stays exact,
+    so the output is still the exact target's AR output."""
+    from tiny import ar_greedy, byte_tokenizer, save_tiny, tiny_model
+
+    from adaspec.drafters.arms import make as make_drafter
+    from adaspec.settings import from_env
+    from adaspec.targets.base import target_info
+
+    tok = byte_tokenizer()
+    target = tiny_model("qwen3")
+    folder = save_tiny(tiny_model("qwen3", seed=7, layers=1), tok, tmp_path / "draft")
+    settings = from_env({}, cache=str(tmp_path / "cache"))
+    d = make_drafter(f"draft-model:{folder},weights=q8", target_info(target, tok), settings)
+    assert arithmetic.of(d.model) == "q8" and arithmetic.of(target) == "exact"
+    calls = arithmetic.calls()
+    prompt = [5, 9, 13, 5, 9]
+    want = ar_greedy(target, prompt, 24)
+    out = adaspec.stream_generate(target, tok, prompt, drafter=d, max_tokens=24)
+    assert [r.token for r in out] == want
+    assert arithmetic.calls() > calls  # the drafter drafted in q8

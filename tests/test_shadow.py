@@ -190,7 +190,7 @@ def test_an_unknown_weights_value_is_refused_naming_it(tmp_path):
     folder = save_tiny(tiny_model("qwen3", vocab=VOCAB, seed=7, layers=1), TOK, tmp_path / "d")
     s = from_env({}, cache=str(tmp_path / "cache"))
     info = target_info(tiny_model("qwen3"), TOK)
-    bad = r"draft-model weights='int4' is invalid; accepted: auto, fp32, bf16"
+    bad = r"draft-model weights='int4' is invalid; accepted: auto, fp32, bf16, q8"
     with pytest.raises(DrafterError, match=bad):
         make_drafter(f"draft-model:{folder},weights=int4", info, s)
 

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import DrafterError
-from ..kernels import attention, layers
+from ..kernels import arithmetic, attention, layers
 from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..kernels.softmax import fast_logsumexp
 from ..settings import Settings
@@ -317,7 +317,8 @@ def shared_model(
     """The checkpoint's weights, read once per process while its files are unchanged: every
     drafter made from one folder (generations, the server's pooled prompt caches) shares
     them; each DFlashDrafter keeps its own context cache. The model is never written to.
-    weights=bf16 gets a copy of its own whose weight matrices have bf16 shadows."""
+    weights=bf16 gets a copy of its own whose weight matrices have bf16 shadows; weights=q8
+    one whose GEMMs run in the 8-bit arithmetic."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         load_model(folder, info)  # raises the clear error
@@ -328,6 +329,8 @@ def shared_model(
             model = load_model(folder, info)
             if attention.enabled():  # RoPE / RMSNorm / Linear twins, stock mlx's bits
                 layers.install(model)
+            if weights == "q8":  # its own matrices (the target's embedding and head are not)
+                arithmetic.apply(model, "q8")
             entry = (model, shadow_model(model) if weights == "bf16" else None)
             while len(_MODELS) >= MODELS_KEPT:
                 _MODELS.pop(next(iter(_MODELS)))

@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
+from ..kernels import arithmetic
 from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..kernels.softmax import fast_logsumexp
 from ..sampling_params import SamplingParams, sample
@@ -327,6 +328,8 @@ def load_shared(
 
     log.info("loading draft model %s (%s weights)", path_or_name, weights)
     model, tokenizer = load(path_or_name, settings=settings)  # on the fast paths, as any load
+    if weights == "q8":  # a model of its own (loaded per weights kind): the target keeps its own
+        arithmetic.apply(model, "q8")
     return model, tokenizer, shadow_model(model) if weights == "bf16" else None
 
 

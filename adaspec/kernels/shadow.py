@@ -28,7 +28,8 @@ from . import blas, stored
 
 
 def resolve(weights: str, who: str) -> str:
-    """A drafter's `weights=` value -> fp32 | bf16 (auto: bf16 when the routed kernel runs)."""
+    """A drafter's `weights=` value -> fp32 | bf16 | q8 (auto: bf16 when the routed kernel
+    runs). q8: the drafter's own GEMMs in the 8-bit arithmetic (kernels/arithmetic.py)."""
     if weights not in WEIGHT_CHOICES:
         raise DrafterError(
             f"{who} weights={weights!r} is invalid; accepted: {', '.join(WEIGHT_CHOICES)}"
