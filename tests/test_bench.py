@@ -110,6 +110,7 @@ def _args(**kw) -> argparse.Namespace:
         peer_tune_tokens=48,
         llama_server=None,
         llama_threads=0,
+        llama_env=[],
     )
     return argparse.Namespace(**{**base, **kw})
 

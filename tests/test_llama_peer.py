@@ -173,7 +173,7 @@ FAKE_SERVER = """\
         print("version: 7 (fake llama-server)", file=sys.stderr)
         sys.exit(0)
     with open(os.environ["FAKE_LLAMA_LOG"], "a") as f:
-        f.write(" ".join(args) + "\\n")
+        f.write(" ".join(args) + " env=" + os.environ.get("FAKE_ENV", "") + "\\n")
     spec = "--spec-type" in args
 
 
@@ -218,7 +218,8 @@ def fake_server(tmp_path, monkeypatch):
 
 def test_a_binary_is_started_asked_and_stopped(fake_server):
     path, log = fake_server
-    server = HttpServer(str(path), ServerConfig("m.gguf", 2, spec="ngram-mod"))
+    cfg = ServerConfig("m.gguf", 2, spec="ngram-mod", env=("FAKE_ENV=a=b",))
+    server = HttpServer(str(path), cfg)
     assert server.build() == "version: 7 (fake llama-server)"
     llama = LlamaServer(server, fresh=True)
     c = llama.complete([1, 2, 3], 4)
@@ -229,6 +230,7 @@ def test_a_binary_is_started_asked_and_stopped(fake_server):
     assert proc is not None and proc.poll() is not None and server.proc is None
     starts = log.read_text().splitlines()
     assert len(starts) == 2 and all("--spec-type ngram-mod" in s for s in starts)
+    assert all(s.endswith(" env=a=b") for s in starts)  # --llama-env reaches the binary
 
 
 @pytest.fixture
@@ -273,6 +275,8 @@ def test_cli_bench_with_llama_cpp_from_a_binary(fake_server, tmp_path, cache, ca
     [
         (["--llama-server", "/nowhere/llama-server"], "--llama-server '/nowhere/llama-server' "),
         (["--llama-threads", "-1"], "--llama-threads=-1 is invalid"),
+        (["--llama-env", "1X=2"], "--llama-env '1X=2' is invalid; accepted: NAME=VALUE"),
+        (["--llama-env", "A=1"], "accepted with --llama-server PATH"),
     ],
 )
 def test_bad_llama_flags_fail_before_the_model_loads(extra, message, capsys):

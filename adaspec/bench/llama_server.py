@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -51,13 +52,15 @@ class LlamaServerError(AdaspecError):
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """One server's settings; spec: llama.cpp's --spec-type (e.g. "ngram-mod"), None: plain."""
+    """One server's settings; spec: llama.cpp's --spec-type (e.g. "ngram-mod"), None: plain;
+    env: NAME=VALUE items added to a binary's environment (e.g. OMP_WAIT_POLICY=PASSIVE)."""
 
     gguf: str
     threads: int
     ctx: int = CTX
     spec: str | None = None
     verbose: bool = False
+    env: tuple[str, ...] = ()
 
 
 def server_args(cfg: ServerConfig) -> list[str]:
@@ -110,6 +113,21 @@ class Backend(Protocol):
     def build(self) -> str: ...
 
 
+def check_env(items: tuple[str, ...], binary: str | None) -> None:
+    """--llama-env items: NAME=VALUE each, for a binary (the wheel shares this process's)."""
+    for item in items:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", item):
+            raise GenerationArgumentError(
+                f"--llama-env {item!r} is invalid; accepted: NAME=VALUE, e.g. "
+                "OMP_WAIT_POLICY=PASSIVE"
+            )
+    if items and not binary:
+        raise GenerationArgumentError(
+            "--llama-env sets a llama-server binary's environment; accepted with "
+            "--llama-server PATH"
+        )
+
+
 def check_binary(path: str) -> str:
     """`path` as a runnable llama-server binary, or an error naming it and what is accepted."""
     accepted = "accepted: the path of a llama-server binary (docs/benchmarks.md: how to build one)"
@@ -125,7 +143,7 @@ class HttpServer:
     """A llama-server binary on a free local port, its log in a temporary file."""
 
     def __init__(self, binary: str, cfg: ServerConfig) -> None:
-        self.cmd = [binary, *server_args(cfg)]
+        self.cmd, self.env = [binary, *server_args(cfg)], cfg.env
         self.proc: subprocess.Popen | None = None
         self.log = tempfile.TemporaryFile("w+")
         self.url = ""
@@ -144,7 +162,8 @@ class HttpServer:
         cmd = [*self.cmd, "--host", "127.0.0.1", "--port", str(port)]
         self.log.seek(0)
         self.log.truncate()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        env = dict(os.environ, **dict(item.split("=", 1) for item in self.env))
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

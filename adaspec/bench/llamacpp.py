@@ -27,6 +27,7 @@ from .llama_server import (
     ServerConfig,
     WheelServer,
     check_binary,
+    check_env,
     server_args,
     wheel,
 )
@@ -157,6 +158,7 @@ def check(options: PeerOptions) -> None:
             f"--llama-threads={options.llama_threads} is invalid; accepted: >= 1, or 0 (the "
             "cores this process may use)"
         )
+    check_env(options.llama_env, options.llama_server)
     if options.llama_server:
         check_binary(options.llama_server)
     else:
@@ -171,7 +173,7 @@ def start(req: PeerRequest) -> LlamaPeer:
     binary = check_binary(o.llama_server) if o.llama_server else None
     servers, flags = {}, {}
     for mode, spec in MODES.items():
-        cfg = ServerConfig(gguf, threads, CTX, spec)
+        cfg = ServerConfig(gguf, threads, CTX, spec, env=o.llama_env)
         backend = HttpServer(binary, cfg) if binary else WheelServer(cfg)
         servers[mode], flags[mode] = LlamaServer(backend, fresh=spec is not None), server_args(cfg)
     info = {
@@ -180,6 +182,7 @@ def start(req: PeerRequest) -> LlamaPeer:
         "build": servers["llama"].backend.build(),
         "gguf": gguf,
         "threads": threads,
+        "env": list(o.llama_env),
         "flags": flags,
         "request": "/completion: the prompt as token ids, temperature 0, top_k 1, no prompt cache",
     }

@@ -68,6 +68,7 @@ class PeerOptions:
     tune_tokens: int = 48
     llama_server: str | None = None  # llama.cpp: --llama-server PATH (else the wheel)
     llama_threads: int = 0  # llama.cpp: --llama-threads (0: this process's cores)
+    llama_env: tuple[str, ...] = ()  # llama.cpp: --llama-env NAME=VALUE for the binary
 
 
 @dataclass(frozen=True)

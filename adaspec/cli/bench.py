@@ -63,6 +63,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "`llamacpp` extra)",
     )
     p.add_argument(
+        "--llama-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="--peer llama.cpp: add to the llama-server binary's environment (repeat the flag), "
+        "e.g. OMP_WAIT_POLICY=PASSIVE (its OpenMP threads sleep at a barrier instead of spinning)",
+    )
+    p.add_argument(
         "--llama-threads",
         type=int,
         default=0,
@@ -192,6 +200,7 @@ def peer_options(args: argparse.Namespace) -> Any:
         tune_tokens=args.peer_tune_tokens,
         llama_server=args.llama_server,
         llama_threads=args.llama_threads,
+        llama_env=tuple(args.llama_env),
     )
 
 
@@ -202,10 +211,10 @@ def check_peers(args: argparse.Namespace) -> list[str]:
     from ..errors import GenerationArgumentError
 
     names = peer_names(args.peer)
-    if LLAMA not in names and (args.llama_server or args.llama_threads):
+    if LLAMA not in names and (args.llama_server or args.llama_threads or args.llama_env):
         raise GenerationArgumentError(
-            "--llama-server and --llama-threads set up the llama.cpp peer; accepted with "
-            "--peer llama.cpp"
+            "--llama-server, --llama-threads and --llama-env set up the llama.cpp peer; "
+            "accepted with --peer llama.cpp"
         )
     options = peer_options(args)
     for name in names:
