@@ -14,6 +14,7 @@ gathered from (an untied embedding) never takes one.
 from __future__ import annotations
 
 import ctypes
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -107,6 +108,13 @@ def apply(model: Any, mode: str) -> Q8State | None:
             state.addresses.append(addr)
         state.packed_bytes += rc
     state.vector = state.packed_bytes > 0
+    if on and not state.vector:
+        warnings.warn(
+            "ADASPEC_ARITHMETIC=q8 on a CPU without AVX-512 VNNI (or with ADASPEC_KERNEL_ISA=avx2) "
+            "runs the scalar reference: same results, many times slower than exact",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return state
 
 
