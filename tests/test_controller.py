@@ -10,11 +10,11 @@ from drafters_for_tests import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import prompts, step_program
+from strategies import LEGAL_MODES, prompts, step_program
 from tiny import VOCAB, ar_greedy
 
 from adaspec.drafters.base import Draft
-from adaspec.errors import DrafterError
+from adaspec.errors import DrafterError, TargetError
 from adaspec.loop.controller import (
     AlwaysSpeculate,
     DecodeConfig,
@@ -209,3 +209,50 @@ def test_arms_are_asked_in_order_each_within_its_own_cap(tiny):
     dec = Decoder(KVTarget(tiny), [greedy, second], DecodeConfig(max_tokens=12), _Caps())
     with pytest.raises(DrafterError, match="proposed 5 tokens; at most 1 allowed"):
         list(decode(dec, prompt))
+
+
+LEGAL_PROGRAM = st.lists(
+    st.tuples(st.sampled_from(LEGAL_MODES), st.integers(0, 12), st.integers(0, 1 << 30)),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=20)
+@given(
+    prompt=prompts(VOCAB),
+    max_tokens=st.integers(1, 24),
+    program=LEGAL_PROGRAM,
+    cut=st.integers(0, 12),
+)
+def test_a_step_committed_from_a_forward_run_by_the_caller_is_the_decoders_own(
+    tiny, prompt, max_tokens, program, cut
+):
+    """The seam a batch uses: propose, run the verify forward over the proposal's rows outside
+    the decoder (the draft cut to any length first), commit it: AR's tokens, and the cache and
+    the arm hold exactly the committed ones."""
+    ref = ar_greedy(tiny, prompt, max_tokens)
+    drafter = ScriptedDrafter(program, ref, len(prompt), VOCAB)
+    dec = Decoder(KVTarget(tiny), drafter, DecodeConfig(max_tokens=max_tokens))
+    dec.share(True)
+    dec.prefill(prompt)
+    out: list[int] = []
+    while len(out) < max_tokens:
+        p = dec.propose(max_tokens - len(out)).cut(cut)
+        assert p.rows == [dec.committed[-1], *p.draft.tokens] and len(p.draft) <= cut
+        new, from_draft, _, step = dec.commit(p, dec.target.forward(p.rows), forward_s=0.5)
+        assert 1 <= len(new) <= len(p.rows) and sum(from_draft) == step.accepted
+        assert step.verify_s >= 0.5  # the caller's forward counts as verify time
+        out += new
+    assert out == ref
+    assert dec.target.offset == len(prompt) + len(out) - 1
+    assert drafter.tokens == prompt + out == dec.committed
+
+
+def test_commit_refuses_a_forward_over_other_rows(tiny):
+    dec = Decoder(KVTarget(tiny), None, DecodeConfig(max_tokens=4))
+    dec.share(True)
+    dec.prefill([1, 2, 3])
+    p = dec.propose(4)
+    with pytest.raises(TargetError, match="rows"):
+        dec.commit(p, dec.target.forward([*p.rows, 5]))
