@@ -243,26 +243,6 @@ def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, A
     }
 
 
-def fast_ops_report() -> dict[str, Any]:
-    """Whether mlx's JIT kernels are built for this CPU and the native nodes are built
-    (kernels/jit.py, kernels/native.py), and why not; the mlx-lm names fast_ops.install
-    changed in this process."""
-    from .kernels import attention, blas, fast_ops, jit, native
-
-    st = jit.status()
-    if attention.enabled() and blas.routed():
-        native.get()
-    ns = native.status()
-    return {
-        "native": "active" if ns and ns.active else (ns.reason if ns else "not used"),
-        "jit": "active" if st and st.active else (st.reason if st else "not set up"),
-        "kernel_dir": str(st.directory) if st and st.directory else None,
-        "attention": attention.enabled(),
-        **fast_ops.installed(),
-        "allocator": os.environ.get("GLIBC_TUNABLES") or "glibc's defaults",
-    }
-
-
 def collect(
     model: str | None = None, *, settings: Settings | None = None, repeats: int = 7
 ) -> dict[str, Any]:
@@ -291,7 +271,9 @@ def collect(
     }
     if model is not None:
         report["model"] = _model_report(model, settings, repeats)
-    report["fast_ops"] = fast_ops_report()  # after the model: its attention modules
+    from .kernels import fast_ops
+
+    report["fast_ops"] = fast_ops.report()  # after the model: its attention modules
     return report
 
 
@@ -330,13 +312,11 @@ def _type_lines(by_type: list[dict[str, Any]], read_gbs: float) -> list[str]:
 
 def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
     """The report's lines for the model: its weights, forward times and roofline."""
+    from .kernels import fast_ops
+
     lines = [
         f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
-        *(
-            [f"model twins   {fo['layers']} layer twins, {fo['native']} native twin classes"]
-            if (fo := m.get("fast_ops"))
-            else []
-        ),
+        *fast_ops.model_lines(m.get("fast_ops")),
         f"weights       {m['weight_bytes'] / 1e6:.0f} MB streamed per token "
         + (
             "(fp32)"
@@ -377,6 +357,8 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
 
 def format_report(d: dict[str, Any]) -> str:
     """A human-readable rendering of `collect`'s result."""
+    from .kernels import fast_ops
+
     blas = d["blas"]
     lines = [
         f"platform      {d['platform']} ({d['machine']}, {d['cpu_count']} cpus)",
@@ -396,17 +378,7 @@ def format_report(d: dict[str, Any]) -> str:
             f"limits        memory {lim['read_gbs']:.1f} GB/s read, {lim['triad_gbs']:.1f} GB/s "
             f"triad; peak {lim['peak_gflops']:.0f} fp32 GFLOP/s ({lim['threads']} threads)"
         )
-    fo = d.get("fast_ops", {})
-    if fo:
-        modules = ", ".join(fo["attention_modules"]) or "no model loaded"
-        loop = "vectorized" if fo.get("generate_logsumexp") else "mlx's"
-        on = f"attention of {modules}; mlx_lm.generate's logsumexp {loop}"
-        lines.append(
-            f"fast ops      JIT kernels {fo['jit']}; installed (kernels/fast_ops.install): "
-            + (on if fo["attention"] else "off (mlx-lm as it is)")
-        )
-        lines.append(f"native ops    {fo.get('native', '?')} (decoder layers, attention)")
-        lines.append(f"allocator     {fo.get('allocator', '?')} (ADASPEC_MALLOC_TCACHE)")
+    lines += fast_ops.report_lines(d.get("fast_ops", {}))
     if blas.get("warning"):
         lines.append(f"  warning: {blas['warning']}")
     if blas.get("note"):

@@ -20,10 +20,11 @@ platform: `install` changes nothing.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from . import attention, blas, layers, mlx_lm_generate, native_layers
+from . import attention, blas, jit, layers, mlx_lm_generate, native, native_layers
 
 
 @dataclass(frozen=True)
@@ -68,3 +69,42 @@ def installed(model: Any = None) -> dict[str, Any]:
         out["layers"] = sum(layers.stock(m) is not None for m in mods)
         out["native"] = sum("_native" in type(m).__dict__ for m in mods)
     return out
+
+
+def report() -> dict[str, Any]:
+    """For `adaspec doctor`: whether mlx's JIT kernels are built for this CPU and the native
+    nodes are built (and why not), and what `installed` lists."""
+    st = jit.status()
+    if attention.enabled() and blas.routed():
+        native.get()
+    ns = native.status()
+    return {
+        "native": "active" if ns and ns.active else (ns.reason if ns else "not used"),
+        "jit": "active" if st and st.active else (st.reason if st else "not set up"),
+        "kernel_dir": str(st.directory) if st and st.directory else None,
+        "attention": attention.enabled(),
+        **installed(),
+        "allocator": os.environ.get("GLIBC_TUNABLES") or "glibc's defaults",
+    }
+
+
+def report_lines(fo: dict[str, Any]) -> list[str]:
+    """`report()` as `adaspec doctor` prints it."""
+    if not fo:
+        return []
+    modules = ", ".join(fo["attention_modules"]) or "no model loaded"
+    loop = "vectorized" if fo.get("generate_logsumexp") else "mlx's"
+    on = f"attention of {modules}; mlx_lm.generate's logsumexp {loop}"
+    return [
+        f"fast ops      JIT kernels {fo['jit']}; installed (kernels/fast_ops.install): "
+        + (on if fo["attention"] else "off (mlx-lm as it is)"),
+        f"native ops    {fo.get('native', '?')} (decoder layers, attention)",
+        f"allocator     {fo.get('allocator', '?')} (ADASPEC_MALLOC_TCACHE)",
+    ]
+
+
+def model_lines(fo: dict[str, Any] | None) -> list[str]:
+    """`installed(model)` as `adaspec doctor --model` prints it."""
+    if not fo:
+        return []
+    return [f"model twins   {fo['layers']} layer twins, {fo['native']} native twin classes"]
