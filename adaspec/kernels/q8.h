@@ -24,7 +24,12 @@
 
 enum { T_Q8P = 63 }; /* a source_t type: the packed copy */
 #define Q8_LANES 16
+#ifndef Q8_ROWS
 #define Q8_ROWS 8 /* token rows multiplied per pass over a unit's decoded weights */
+#endif
+#ifndef Q8_DUAL
+#define Q8_DUAL 4 /* up to this many rows a pass, two dependency chains a row */
+#endif
 #ifndef Q8_PF
 #define Q8_PF 4096 /* bytes ahead of the weights being decoded that are prefetched (0: none) */
 #endif
@@ -405,7 +410,7 @@ Q8_INLINE __m512i q8_pairs(__m512i acc, __m512i w, const short *p) {
 Q8_INLINE void q8_unit(const int R, const int SB, const int S, const int BITS, const int HB,
                        const int OFF, const int SC, const int MN, const unsigned char *u,
                        q8layout_t o, int sb, const q8act_t *a, int r0, float *acc) {
-  const int NSUB = SB / S, T = S / 4, DUAL = R <= 4; /* 8 chains or more hide the latency */
+  const int NSUB = SB / S, T = S / 4, DUAL = R <= Q8_DUAL; /* 8 chains hide the latency */
   __m512i isum[Q8_ROWS];
   for (int j = 0; j < NSUB; j++) {
     __m512i w[8], d0[Q8_ROWS], d1[Q8_ROWS];
@@ -473,6 +478,7 @@ Q8_INLINE void q8_groups(const int SB, const int S, const int BITS, const int HB
   int tile = Q8_TILE / (M * SB) > 0 ? Q8_TILE / (M * SB) : 1;
   if (tile >= nsb) tile = nsb;
   int span = tile < nsb ? groups : 1; /* groups whose accumulators live at once */
+  const int rows = S == 32 ? Q8_ROWS / 2 : Q8_ROWS; /* 8 weight vectors a sub-block: fewer rows */
   float *acc = q8_scratch(M * span);
   for (int g0 = 0; g0 < groups; g0 += span) {
     __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M * span);
@@ -481,9 +487,9 @@ Q8_INLINE void q8_groups(const int SB, const int S, const int BITS, const int HB
         float *ag = acc + (long)Q8_LANES * M * (g - g0);
         for (int sb = s0; sb < s0 + tile && sb < nsb; sb++) {
           const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
-          for (int r0 = 0; r0 < M; r0 += Q8_ROWS) {
+          for (int r0 = 0; r0 < M; r0 += rows) {
             float *ar = ag + Q8_LANES * r0;
-            switch (M - r0 < Q8_ROWS ? M - r0 : Q8_ROWS) {
+            switch (M - r0 < rows ? M - r0 : rows) {
 #define Q8_R(n) case n: q8_unit(n, SB, S, BITS, HB, OFF, SC, MN, u, o, sb, a, r0, ar); break;
               Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
 #undef Q8_R
