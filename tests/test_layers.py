@@ -198,6 +198,35 @@ def test_no_module_uses_another_packages_private_names():
     assert not used, used
 
 
+# the decisions and the acceptance maths: state and observations in, state and answers out;
+# the loop reads the clock, evaluates arrays and logs
+PURE = ("adaspec.policy", "adaspec.loop.acceptance", "adaspec.loop.plan", "adaspec.loop.stats")
+IMPURE = ("time", "logging", "mlx")
+
+
+def outside_imports(path: Path) -> set[str]:
+    """The top-level names of what `path` imports from outside adaspec (`import a.b`: a)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_decisions_and_acceptance_read_no_clock_arrays_or_log():
+    impure = {
+        m: sorted(outside_imports(p) & set(IMPURE))
+        for m, p in modules().items()
+        if m.startswith(PURE) and outside_imports(p) & set(IMPURE)
+    }
+    assert not impure, impure
+    assert "adaspec.policy.gates" in modules() and "time" in outside_imports(
+        ROOT / "loop" / "controller.py"
+    )
+
+
 def test_subpackages_import_only_downward():
     upward = {
         (m, d)
