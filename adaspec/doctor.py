@@ -161,52 +161,12 @@ def _model_report(name: str, settings: Settings, repeats: int) -> dict[str, Any]
         "fast_ops": fast_ops.installed(model),
         "arithmetic": arithmetic.of(model),
         **forward_times(model, repeats=repeats),
-        "arithmetics": arithmetic_curves(model, repeats),
+        "arithmetics": arithmetic.curves(
+            model, lambda: forward_times(model, repeats=repeats)["per_size"]
+        ),
         "long_context": long,
         "suffix": suffix_report(model, tokenizer, settings),
     }
-
-
-def arithmetic_curves(model: Any, repeats: int, sizes: tuple[int, ...] | None = None) -> dict:
-    """Per arithmetic the model can run (exact, and q8 with the routed kernel), the ms of a
-    forward of each number of token rows and its ratio to one row; the model is left on the
-    arithmetic it had."""
-    from .kernels import arithmetic, stored
-
-    had = arithmetic.of(model)
-    modes = arithmetic.ARITHMETICS if stored.router() is not None else (had,)
-    curves: dict[str, Any] = {}
-    try:
-        for mode in modes:
-            arithmetic.apply(model, mode)
-            t = forward_times(model, repeats=repeats, sizes=sizes)
-            curves[mode] = {
-                "kernel": arithmetic.describe(model),
-                "rows": {r["tokens"]: {"ms": r["ms"], "ratio": r["ratio"]} for r in t["per_size"]},
-            }
-    finally:
-        arithmetic.apply(model, had)
-    return curves
-
-
-def _arithmetic_lines(m: dict[str, Any]) -> list[str]:
-    """The row-cost curve of each arithmetic side by side"""
-    curves = m.get("arithmetics") or {}
-    if len(curves) < 2:
-        return []
-    modes = list(curves)
-    out = [
-        "arithmetic    ms of a forward of n token rows (ratio to 1 row); "
-        + "; ".join(f"{k}: {c['kernel']}" for k, c in curves.items()),
-        "tokens " + "".join(f"{k:>18}" for k in modes),
-    ]
-    for n in curves[modes[0]]["rows"]:
-        cells = "".join(
-            f"{curves[k]['rows'][n]['ms']:9.1f} ({curves[k]['rows'][n]['ratio']:4.2f}x)"
-            for k in modes
-        )
-        out.append(f"{n:6} {cells}")
-    return out
 
 
 def suffix_report(model: Any, tokenizer: Any, settings: Settings) -> dict[str, Any]:
@@ -312,7 +272,7 @@ def _type_lines(by_type: list[dict[str, Any]], read_gbs: float) -> list[str]:
 
 def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
     """The report's lines for the model: its weights, forward times and roofline."""
-    from .kernels import fast_ops
+    from .kernels import arithmetic, fast_ops
 
     lines = [
         f"model         {m['name']} (loaded in {m['load_s']:.2f} s)",
@@ -335,7 +295,7 @@ def _model_lines(m: dict[str, Any], lim: dict[str, Any]) -> list[str]:
         for r in m["per_size"]
     ]
     lines += _outside_gemms(m)
-    lines += _arithmetic_lines(m)
+    lines += arithmetic.curve_lines(m.get("arithmetics") or {})
     lines += _type_lines(m.get("by_type") or [], lim.get("read_gbs", 0))
     if lim.get("read_gbs", 0) > 0:
         stream_ms = m["weight_bytes"] / lim["read_gbs"] / 1e6

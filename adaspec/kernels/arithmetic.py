@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -147,3 +148,39 @@ def calls() -> int | None:
         return None
     lib.adaspec_q8_calls.restype = ctypes.c_ulong
     return int(lib.adaspec_q8_calls())
+
+
+def curves(model: Any, measure: Callable[[], list[dict]]) -> dict[str, Any]:
+    """Per arithmetic this process can run (exact, and q8 with the routed kernel), `measure()`'s
+    rows ({"tokens", "ms", "ratio"} per forward size) with `model` on it; the model is left on
+    the arithmetic it had."""
+    had = of(model)
+    modes = ARITHMETICS if stored.router() is not None else (had,)
+    out: dict[str, Any] = {}
+    try:
+        for mode in modes:
+            apply(model, mode)
+            rows = {r["tokens"]: {"ms": r["ms"], "ratio": r["ratio"]} for r in measure()}
+            out[mode] = {"kernel": describe(model), "rows": rows}
+    finally:
+        apply(model, had)
+    return out
+
+
+def curve_lines(curves: dict[str, Any]) -> list[str]:
+    """The row-cost curve of each arithmetic side by side (doctor's report)."""
+    if len(curves) < 2:
+        return []
+    modes = list(curves)
+    out = [
+        "arithmetic    ms of a forward of n token rows (ratio to 1 row); "
+        + "; ".join(f"{k}: {c['kernel']}" for k, c in curves.items()),
+        "tokens " + "".join(f"{k:>18}" for k in modes),
+    ]
+    for n in curves[modes[0]]["rows"]:
+        cells = "".join(
+            f"{curves[k]['rows'][n]['ms']:9.1f} ({curves[k]['rows'][n]['ratio']:4.2f}x)"
+            for k in modes
+        )
+        out.append(f"{n:6} {cells}")
+    return out

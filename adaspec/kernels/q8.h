@@ -524,9 +524,9 @@ Q8_PART(q4_k, 256, 32, 4, 0, 0, 1, 2)
 Q8_PART(q5_k, 256, 32, 4, 1, 0, 1, 2)
 Q8_PART(q6_k, 256, 16, 4, 2, 32, 1, 0)
 
-/* one thread's share: M rows against N outputs of a packed `type` from data on */
-static void q8_part(int type, int M, int N, const unsigned char *data, long group_bytes,
-                    const q8act_t *a, float al, float be, float *C, int ldc) {
+/* M rows (a block) against N outputs of a packed `type` from data on */
+static void q8_part_rows(int type, int M, int N, const unsigned char *data, long group_bytes,
+                         const q8act_t *a, float al, float be, float *C, int ldc) {
   switch (type) {
     case T_Q4_0: q8_part_q4_0(M, N, data, group_bytes, a, al, be, C, ldc); return;
     case T_Q4_1: q8_part_q4_1(M, N, data, group_bytes, a, al, be, C, ldc); return;
@@ -538,5 +538,18 @@ static void q8_part(int type, int M, int N, const unsigned char *data, long grou
     case T_Q5_K: q8_part_q5_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
     case T_Q6_K: q8_part_q6_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
     default: q8_part_q8_0(M, N, data, group_bytes, a, al, be, C, ldc); return;
+  }
+}
+
+#define Q8_BLOCK_ROWS 32 /* a prefill's rows go through in blocks: the accumulators stay small */
+
+/* one thread's share: M rows against N outputs of a packed `type` from data on */
+static void q8_part(int type, int M, int N, const unsigned char *data, long group_bytes,
+                    const q8act_t *a, float al, float be, float *C, int ldc) {
+  for (int r = 0; r < M; r += Q8_BLOCK_ROWS) {
+    q8act_t rows = *a;
+    rows.base += r * a->stride;
+    int m = M - r < Q8_BLOCK_ROWS ? M - r : Q8_BLOCK_ROWS;
+    q8_part_rows(type, m, N, data, group_bytes, &rows, al, be, C + (long)r * ldc, ldc);
   }
 }
