@@ -14,7 +14,6 @@ gathered from (an untied embedding) never takes one.
 from __future__ import annotations
 
 import ctypes
-import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,13 +108,6 @@ def apply(model: Any, mode: str) -> Q8State | None:
             state.addresses.append(addr)
         state.packed_bytes += rc
     state.vector = state.packed_bytes > 0
-    if on and not state.vector:
-        warnings.warn(
-            "ADASPEC_ARITHMETIC=q8 on a CPU without AVX-512 VNNI (or with ADASPEC_KERNEL_ISA=avx2) "
-            "runs the scalar reference: same results, many times slower than exact",
-            RuntimeWarning,
-            stacklevel=2,
-        )
     return state
 
 
@@ -136,9 +128,10 @@ def describe(model: Any) -> str:
     state = getattr(model, "adaspec_arithmetic", None)
     if state is None or state.mode == "exact":
         return "exact"
-    if not state.vector:
-        return "q8 (scalar reference: this CPU has no AVX-512 VNNI)"
-    return f"q8 (AVX-512 VNNI, packed copies up to {state.packed_bytes / 1e6:.0f} MB)"
+    kernel = {2: "AVX-512 VNNI", 1: "AVX2"}.get(int(_lib().adaspec_q8_kernel()))
+    if kernel is None:
+        return "q8 (scalar reference)"
+    return f"q8 ({kernel}, packed copies up to {state.packed_bytes / 1e6:.0f} MB)"
 
 
 def calls() -> int | None:

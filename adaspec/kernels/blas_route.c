@@ -800,6 +800,9 @@ static const unsigned char *q8_packed(standin_t *s, const float *w) {
   return s->packed;
 }
 
+/* the kernel q8 GEMMs run on: 2 AVX-512 VNNI, 1 AVX2, 0 the scalar reference */
+int adaspec_q8_kernel(void) { return q8_vector() ? 1 + q8_vnni() : 0; }
+
 /* bytes of the packed copies made so far (and not yet freed) */
 unsigned long adaspec_q8_packed_bytes(void) { return atomic_load(&q8_bytes); }
 

@@ -25,10 +25,7 @@
 enum { T_Q8P = 63 }; /* a source_t type: the packed copy */
 #define Q8_LANES 16
 #ifndef Q8_ROWS
-#define Q8_ROWS 8 /* token rows multiplied per pass over a unit's decoded weights */
-#endif
-#ifndef Q8_DUAL
-#define Q8_DUAL 4 /* up to this many rows a pass, two dependency chains a row */
+#define Q8_ROWS 8 /* most token rows multiplied per pass over a unit's decoded weights */
 #endif
 #ifndef Q8_PF
 #define Q8_PF 4096 /* bytes ahead of the weights being decoded that are prefetched (0: none) */
@@ -43,15 +40,18 @@ typedef struct {
   int mn;     /* 0: no min; 1: min = dmin * (sum of the block); 2: per-lane 8-bit sub-mins */
 } q8fmt_t;
 
-/* whether the vector kernel runs: this CPU has VNNI and the AVX-512 kernels are chosen */
-static int q8_vector(void) {
+/* whether this CPU has AVX-512 VNNI (and BW) */
+static int q8_cpu512(void) {
   static int has = -1;
   if (has < 0) {
     __builtin_cpu_init();
     has = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw");
   }
-  return has && isa == ISA_AVX512;
+  return has;
 }
+
+/* whether a vector kernel runs q8 GEMMs: AVX-512 VNNI, or AVX2 (which the routed kernel needs) */
+static int q8_vector(void) { return 1; }
 
 static const q8fmt_t Q8_AS_Q8_0 = {32, 32, 8, 0, 128, 0, 0};
 
@@ -291,7 +291,7 @@ static q8act_t q8_quantize(q8fmt_t f, int m, int k, const float *A, int lda) {
     if (!buf) abort();
   }
   a.base = buf;
-  int vector = q8_vector();
+  int vector = q8_cpu512();
   for (int r = 0; r < m; r++) {
     const float *x = A + (long)r * lda;
     signed char *qa = (signed char *)(buf + r * a.stride);
@@ -345,10 +345,7 @@ static void q8_reference(int type, const unsigned char *B, long row_bytes, int m
     }
 }
 
-/* ---- the vector kernel: AVX-512 VNNI, one group of 16 outputs at a time ---------------- */
-
-#define Q8_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#define Q8_INLINE static inline __attribute__((always_inline)) Q8_TARGET
+/* ---- the vector kernels (q8_kernel.h): AVX-512 VNNI on 16 lanes, AVX2 on 8 ------------- */
 
 /* a thread's accumulators: 16 floats for each of m rows, 64-byte aligned */
 static float *q8_scratch(int m) {
@@ -363,182 +360,116 @@ static float *q8_scratch(int m) {
   return buf;
 }
 
-/* sub-block j's codes of a unit's 16 lanes: w[t] holds quad t (4 consecutive k) per lane */
-Q8_INLINE void q8_weights(const int S, const int BITS, const int HB, const unsigned char *p,
-                          __m512i *w) {
-  const int T = S / 4, half = T / 2;
-#if Q8_PF
-  for (int i = 0; i < (BITS == 8 ? T : half + (HB > 0)); i++)
-    _mm_prefetch((const char *)p + Q8_PF + 64 * i, _MM_HINT_T0);
-#endif
-  if (BITS == 8) {
-    for (int t = 0; t < T; t++) w[t] = _mm512_loadu_si512(p + 64 * t);
-    return;
-  }
-  const __m512i low = _mm512_set1_epi8(15);
-  for (int pr = 0; pr < half; pr++) {
-    __m512i v = _mm512_loadu_si512(p + 64 * pr);
-    w[pr] = _mm512_and_si512(v, low);
-    w[pr + half] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-  }
-  if (!HB) return;
-  const __m512i H = _mm512_loadu_si512(p + 64 * half);
-  const __m512i mask = _mm512_set1_epi8((char)(((1 << HB) - 1) << 4));
-  for (int t = 0; t < T; t++) {
-    int s = 4 - t * HB; /* the high bits of quad t to bits 4.. of each byte */
-    __m512i hv = s >= 0 ? _mm512_slli_epi16(H, s) : _mm512_srli_epi16(H, -s);
-    w[t] = _mm512_or_si512(w[t], _mm512_and_si512(hv, mask));
-  }
-}
-
-
-/* acc + the 4-byte dot products of w's unsigned bytes with the signed bytes at p, broadcast
- * (a memory operand: the compiler would spend a broadcast instruction on each) */
-Q8_INLINE __m512i q8_dot(__m512i acc, __m512i w, const signed char *p) {
-  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));
-  return acc;
-}
-
-/* acc + w's pairs of signed 16-bit halves times the pair at p, broadcast */
-Q8_INLINE __m512i q8_pairs(__m512i acc, __m512i w, const short *p) {
-  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));
-  return acc;
-}
-
-/* R token rows from r0 against one unit u (super-block sb of a group): acc (16 floats a row,
- * in memory between super-blocks) += the unit's share of the 16 outputs */
-Q8_INLINE void q8_unit(const int R, const int SB, const int S, const int BITS, const int HB,
-                       const int OFF, const int SC, const int MN, const unsigned char *u,
-                       q8layout_t o, int sb, const q8act_t *a, int r0, float *acc) {
-  const int NSUB = SB / S, T = S / 4, DUAL = R <= Q8_DUAL; /* 8 chains hide the latency */
-  __m512i isum[Q8_ROWS];
-  for (int j = 0; j < NSUB; j++) {
-    __m512i w[8], d0[Q8_ROWS], d1[Q8_ROWS];
-    q8_weights(S, BITS, HB, u + o.planes + j * o.sub_bytes, w);
-    int at = sb * SB + j * S, sub = sb * NSUB + j;
-    for (int r = 0; r < R; r++) {
-      d0[r] = OFF ? _mm512_set1_epi32(q8_obs(a, r0 + r)[sub]) : _mm512_setzero_si512();
-      d1[r] = _mm512_setzero_si512();
-    }
-    for (int t = 0; t < T; t += 2)
-      for (int r = 0; r < R; r++) {
-        const signed char *qa = q8_codes(a, r0 + r) + at + 4 * t;
-        d0[r] = q8_dot(d0[r], w[t], qa);
-        if (DUAL)
-          d1[r] = q8_dot(d1[r], w[t + 1], qa + 4);
-        else
-          d0[r] = q8_dot(d0[r], w[t + 1], qa + 4);
-      }
-    __m512i scv = SC ? _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(u + o.sc + 16 * j)))
-                     : _mm512_setzero_si512();
-    for (int r = 0; r < R; r++) {
-      __m512i dot = DUAL ? _mm512_add_epi32(d0[r], d1[r]) : d0[r];
-      isum[r] = !SC ? dot : j ? _mm512_add_epi32(isum[r], _mm512_mullo_epi32(dot, scv))
-                              : _mm512_mullo_epi32(dot, scv);
-    }
-  }
-  __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)u));
-  __m512 dmv = MN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + o.dmin)))
-                  : _mm512_setzero_ps();
-  __m512i mnp[8]; /* sub-mins j and j + 1 of each lane as two 16-bit halves */
-  for (int i = 0; MN == 2 && i < NSUB / 2; i++) {
-    const __m128i *p = (const __m128i *)(u + o.mn + 32 * i);
-    mnp[i] = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128(p)),
-                             _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(p + 1)), 16));
-  }
-  for (int r = 0; r < R; r++) {
-    __m512 da = _mm512_set1_ps(q8_da(a, r0 + r)[sb]);
-    __m512 v = _mm512_load_ps(acc + 16 * r);
-    v = _mm512_fmadd_ps(_mm512_mul_ps(dv, da), _mm512_cvtepi32_ps(isum[r]), v);
-    if (MN) {
-      __m512i imin = _mm512_set1_epi32(q8_bsum(a, r0 + r)[sb * NSUB]);
-      if (MN == 2) {
-        const short *bs = q8_bsum16(a, r0 + r) + sb * NSUB;
-        imin = _mm512_setzero_si512();
-        for (int i = 0; i < NSUB / 2; i++) imin = q8_pairs(imin, mnp[i], bs + 2 * i);
-      }
-      v = _mm512_fnmadd_ps(_mm512_mul_ps(dmv, da), _mm512_cvtepi32_ps(imin), v);
-    }
-    _mm512_store_ps(acc + 16 * r, v);
-  }
+static inline int q8_word(const void *p) {
+  int v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
 }
 
 #define Q8_TILE 16384 /* bytes of activation codes a pass over the groups reads (in L1) */
 
-/* all M rows against the groups of N outputs packed at data, in tiles of super-blocks whose
- * activation codes stay in L1: per tile, per group, per super-block, Q8_ROWS rows at a time
- * (the unit stays in L1 while every row passes over it). Each output still adds its
- * super-blocks in increasing order. */
-Q8_INLINE void q8_groups(const int SB, const int S, const int BITS, const int HB, const int OFF,
-                         const int SC, const int MN, int M, int N, const unsigned char *data,
-                         long group_bytes, const q8act_t *a, float al, float be, float *C,
-                         int ldc) {
-  q8layout_t o = q8_layout((q8fmt_t){SB, S, BITS, HB, OFF, SC, MN});
-  int nsb = a->k / SB, groups = (N + Q8_LANES - 1) / Q8_LANES;
-  int tile = Q8_TILE / (M * SB) > 0 ? Q8_TILE / (M * SB) : 1;
-  if (tile >= nsb) tile = nsb;
-  int span = tile < nsb ? groups : 1; /* groups whose accumulators live at once */
-  const int rows = S == 32 ? Q8_ROWS / 2 : Q8_ROWS; /* 8 weight vectors a sub-block: fewer rows */
-  float *acc = q8_scratch(M * span);
-  for (int g0 = 0; g0 < groups; g0 += span) {
-    __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M * span);
-    for (int s0 = 0; s0 < nsb; s0 += tile)
-      for (int g = g0; g < g0 + span; g++) {
-        float *ag = acc + (long)Q8_LANES * M * (g - g0);
-        for (int sb = s0; sb < s0 + tile && sb < nsb; sb++) {
-          const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
-          for (int r0 = 0; r0 < M; r0 += rows) {
-            float *ar = ag + Q8_LANES * r0;
-            switch (M - r0 < rows ? M - r0 : rows) {
-#define Q8_R(n) case n: q8_unit(n, SB, S, BITS, HB, OFF, SC, MN, u, o, sb, a, r0, ar); break;
-              Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
-#undef Q8_R
-            }
-          }
-        }
-      }
-    for (int g = g0; g < g0 + span; g++) {
-      int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
-      const float *ag = acc + (long)Q8_LANES * M * (g - g0);
-      for (int r = 0; r < M; r++)
-        for (int l = 0; l < lanes; l++)
-          put(C + (long)r * ldc + g * Q8_LANES + l, ag[Q8_LANES * r + l], al, be);
-    }
-  }
-}
+/* AVX-512 VNNI: a 64-byte vector is a whole group's 16 lanes */
+#define QN(name) name##_avx512
+#define QTARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define QI __m512i
+#define QF __m512
+#define QL 16
+#define QROWS32 4 /* rows a pass over 32-weight sub-blocks (8 weight vectors), and 16-weight */
+#define QROWS16 8
+#define QDUAL 4 /* up to this many rows a pass, two dependency chains a row */
+#define QLOADI(p) _mm512_loadu_si512(p)
+#define QAND(a, b) _mm512_and_si512(a, b)
+#define QOR(a, b) _mm512_or_si512(a, b)
+#define QSRLI16(v, n) _mm512_srli_epi16(v, n)
+#define QSLLI16(v, n) _mm512_slli_epi16(v, n)
+#define QSLLI32(v, n) _mm512_slli_epi32(v, n)
+#define QSET1_8(c) _mm512_set1_epi8(c)
+#define QSET1_32(x) _mm512_set1_epi32(x)
+#define QZERO() _mm512_setzero_si512()
+#define QADD32(a, b) _mm512_add_epi32(a, b)
+#define QMUL32(a, b) _mm512_mullo_epi32(a, b)
+#define QI8(p) _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define QU8(p) _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p)))
+#define QHALF(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define QFLOAD(p) _mm512_load_ps(p)
+#define QFSTORE(p, v) _mm512_store_ps(p, v)
+#define QFSET1(x) _mm512_set1_ps(x)
+#define QFZERO() _mm512_setzero_ps()
+#define QFMUL(a, b) _mm512_mul_ps(a, b)
+#define QFMADD(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define QFNMADD(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define QCVTF(v) _mm512_cvtepi32_ps(v)
+/* acc + the 4-byte dot products of w's unsigned bytes with the signed bytes at p, broadcast
+ * (a memory operand: the compiler would spend a broadcast instruction on each) */
+#define QDOT_DEF                                                                                \
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));          \
+  return acc;
+/* acc + w's pairs of signed 16-bit halves times the pair at p, broadcast */
+#define QPAIRS_DEF                                                                              \
+  __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int *)p));          \
+  return acc;
+#define QOFF_IN_DOT 0
+#include "q8_kernel.h"
 
-#define Q8_PART(name, ...)                                                                    \
-  static Q8_TARGET void q8_part_##name(int M, int N, const unsigned char *data, long gb,       \
-                                       const q8act_t *a, float al, float be, float *C,         \
-                                       int ldc) {                                              \
-    q8_groups(__VA_ARGS__, M, N, data, gb, a, al, be, C, ldc);                                 \
-  }
-Q8_PART(q4_0, 32, 32, 4, 0, 8, 0, 0)
-Q8_PART(q4_1, 32, 32, 4, 0, 0, 0, 1)
-Q8_PART(q5_0, 32, 32, 4, 1, 16, 0, 0)
-Q8_PART(q5_1, 32, 32, 4, 1, 0, 0, 1)
-Q8_PART(q8_0, 32, 32, 8, 0, 128, 0, 0)
-Q8_PART(q2_k, 256, 16, 4, 0, 0, 1, 2)
-Q8_PART(q3_k, 256, 16, 4, 0, 4, 1, 0)
-Q8_PART(q4_k, 256, 32, 4, 0, 0, 1, 2)
-Q8_PART(q5_k, 256, 32, 4, 1, 0, 1, 2)
-Q8_PART(q6_k, 256, 16, 4, 2, 32, 1, 0)
+/* AVX2: a 64-byte vector is two halves of 8 lanes, done one after the other. The integer
+ * dot products are the same integers, the float steps the same per lane: the same bits. */
+#define QN(name) name##_avx2
+#define QTARGET __attribute__((target("avx2,f16c,fma")))
+#define QI __m256i
+#define QF __m256
+#define QL 8
+#define QROWS32 2
+#define QROWS16 4
+#define QDUAL 2
+#define QLOADI(p) _mm256_loadu_si256((const __m256i *)(p))
+#define QAND(a, b) _mm256_and_si256(a, b)
+#define QOR(a, b) _mm256_or_si256(a, b)
+#define QSRLI16(v, n) _mm256_srli_epi16(v, n)
+#define QSLLI16(v, n) _mm256_slli_epi16(v, n)
+#define QSLLI32(v, n) _mm256_slli_epi32(v, n)
+#define QSET1_8(c) _mm256_set1_epi8(c)
+#define QSET1_32(x) _mm256_set1_epi32(x)
+#define QZERO() _mm256_setzero_si256()
+#define QADD32(a, b) _mm256_add_epi32(a, b)
+#define QMUL32(a, b) _mm256_mullo_epi32(a, b)
+#define QI8(p) _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define QU8(p) _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p)))
+#define QHALF(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define QFLOAD(p) _mm256_load_ps(p)
+#define QFSTORE(p, v) _mm256_store_ps(p, v)
+#define QFSET1(x) _mm256_set1_ps(x)
+#define QFZERO() _mm256_setzero_ps()
+#define QFMUL(a, b) _mm256_mul_ps(a, b)
+#define QFMADD(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define QFNMADD(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define QCVTF(v) _mm256_cvtepi32_ps(v)
+/* vpmaddubsw adds two products in 16 bits: with codes up to 63 they fit; 8-bit codes (q + 128)
+ * go in as signed q (magnitude and sign moved to the activation), so the 128 offset is
+ * already taken and the dot product starts at 0 (q8_unit: OFF_IN_DOT) */
+#define QDOT_DEF                                                                                \
+  __m256i a = _mm256_set1_epi32(q8_word(p)), pairs;                                             \
+  if (BITS == 8) {                                                                              \
+    __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));                              \
+    pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q));                   \
+  } else {                                                                                      \
+    pairs = _mm256_maddubs_epi16(w, a);                                                         \
+  }                                                                                             \
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+#define QPAIRS_DEF                                                                              \
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(q8_word(p))));
+#define QOFF_IN_DOT 1
+#include "q8_kernel.h"
 
-/* M rows (a block) against N outputs of a packed `type` from data on */
+/* whether the AVX-512 VNNI kernel runs (else the AVX2 one): the CPU has VNNI and the
+ * AVX-512 kernels are chosen (ADASPEC_KERNEL_ISA) */
+static int q8_vnni(void) { return q8_cpu512() && isa == ISA_AVX512; }
+
 static void q8_part_rows(int type, int M, int N, const unsigned char *data, long group_bytes,
                          const q8act_t *a, float al, float be, float *C, int ldc) {
-  switch (type) {
-    case T_Q4_0: q8_part_q4_0(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q4_1: q8_part_q4_1(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q5_0: q8_part_q5_0(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q5_1: q8_part_q5_1(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q2_K: q8_part_q2_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q3_K: q8_part_q3_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q4_K: q8_part_q4_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q5_K: q8_part_q5_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    case T_Q6_K: q8_part_q6_k(M, N, data, group_bytes, a, al, be, C, ldc); return;
-    default: q8_part_q8_0(M, N, data, group_bytes, a, al, be, C, ldc); return;
-  }
+  if (q8_vnni())
+    q8_part_rows_avx512(type, M, N, data, group_bytes, a, al, be, C, ldc);
+  else
+    q8_part_rows_avx2(type, M, N, data, group_bytes, a, al, be, C, ldc);
 }
 
 #define Q8_BLOCK_ROWS 32 /* a prefill's rows go through in blocks: the accumulators stay small */
