@@ -138,8 +138,9 @@ def test_the_peer_in_a_suite_reports_rates_and_agreement():
         assert r["llama_same_text"] and r["llama_first_divergence"] is None
         assert not r["llama_ngram_same_text"] and r["llama_ngram_first_divergence"] == 9
         assert r["llama_tok_s"] == pytest.approx(900.0)  # 9 tokens after the first in 10 ms
-        assert r["spec_vs_llama"] == pytest.approx(r["spec_tok_s"] / 900.0, rel=1e-3)
-        assert r["ar_vs_llama"] == pytest.approx(r["ar_tok_s"] / 900.0, rel=1e-3)
+        # ratios are rounded to 4 places: a slow run's small ratio is off by up to 5e-5
+        assert r["spec_vs_llama"] == pytest.approx(r["spec_tok_s"] / 900.0, abs=6e-5)
+        assert r["ar_vs_llama"] == pytest.approx(r["ar_tok_s"] / 900.0, abs=6e-5)
         assert r["llama_prompt_match"] and r["llama_ngram_drafted"] == 0
     b = res["summary"]["all"]
     assert b["llama_same_text"] == 2 and b["llama_ngram_same_text"] == 0

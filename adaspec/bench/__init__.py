@@ -9,7 +9,8 @@ llama.cpp), `report` (summaries and tables), `runner` (a whole suite), `plot`, `
 """
 
 from .mlx_spec import PeerConfig, SpecPeer
-from .peers import Peer, PeerKind, kinds
+from .peer_kinds import kinds
+from .peers import Peer, PeerKind
 from .report import markdown, save, summarize
 from .runner import run_suite
 from .suite import SHIPPED, Prompt, load_suite

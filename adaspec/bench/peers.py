@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..errors import GenerationArgumentError
 from .timing import Run, median
 
 Runner = Callable[[list[int], int], Run]
@@ -92,42 +91,6 @@ class PeerKind:
     start: Callable[[PeerRequest], Peer]
     # checks the flags before the model loads (raises GenerationArgumentError)
     check: Callable[[PeerOptions], None] = lambda options: None
-
-
-def kinds() -> dict[str, PeerKind]:
-    """Every peer kind by name (imported here: the kinds' modules import this one)."""
-    from .llamacpp import KIND as LLAMA
-    from .mlx_spec import KIND as SPEC
-    from .stock import KIND as STOCK
-
-    return {k.name: k for k in (SPEC, STOCK, LLAMA)}
-
-
-def peer_names(peer: str | None) -> list[str]:
-    """The peers a --peer value names (one, or several joined by commas), each checked."""
-    names = [n.strip() for n in (peer or "").split(",") if n.strip()]
-    known = kinds()
-    for name in names:
-        if name not in known:
-            raise GenerationArgumentError(
-                f"--peer {name!r} is unknown; accepted: {', '.join(known)} (or several, joined "
-                "by commas)"
-            )
-    return list(dict.fromkeys(names))
-
-
-def report_blocks(rs: list[dict]) -> dict:
-    """Every present peer's summary block over records `rs`."""
-    out: dict = {}
-    for kind in kinds().values():
-        if rs and kind.report.key in rs[0]:
-            out.update(kind.report.block(rs))
-    return out
-
-
-def present(records: list[dict]) -> list[PeerReport]:
-    """The reports of the peers whose fields the records carry."""
-    return [k.report for k in kinds().values() if records and k.report.key in records[0]]
 
 
 # --- helpers the kinds share ---

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..errors import AdaspecError
-from .peers import present
+from .peer_kinds import present
 from .report import summarize
 
 

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import asdict
 from pathlib import Path
 
-from .peers import present, report_blocks
+from .peer_kinds import present, report_blocks
 from .timing import median
 
 

@@ -45,6 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="draw speedup per category, acceptance by draft position and floored steps here "
         "(needs matplotlib: the `plot` extra)",
     )
+    _add_peer_flags(p)
+    p.set_defaults(func=run)
+
+
+def _add_peer_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peer",
         default=None,
@@ -92,7 +97,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--peer-tune-tokens", type=int, default=48, help="tokens per run when picking --peer-k"
     )
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,7 +211,7 @@ def peer_options(args: argparse.Namespace) -> Any:
 def check_peers(args: argparse.Namespace) -> list[str]:
     """The --peer names, each kind's flags checked (before the model loads)."""
     from ..bench.llamacpp import NAME as LLAMA
-    from ..bench.peers import kinds, peer_names
+    from ..bench.peer_kinds import kinds, peer_names
     from ..errors import GenerationArgumentError
 
     names = peer_names(args.peer)
@@ -227,7 +231,8 @@ def start_peers(
 ) -> list:
     """The --peer peers, started, each closed when `stack` closes; `drafter` is the plan in
     use (its draft-model arm is mlx-lm-spec's default draft)."""
-    from ..bench.peers import PeerRequest, kinds
+    from ..bench.peer_kinds import kinds
+    from ..bench.peers import PeerRequest
 
     req = PeerRequest(
         args.model, model, tokenizer, drafter, sampling_kwargs(args), peer_options(args)
