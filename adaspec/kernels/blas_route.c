@@ -393,6 +393,14 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
 #define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define VLOAD_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define VLOADB_BF16(p) load16h(p)
+#ifndef AVX512_NR1
+#define AVX512_NR1 8
+#endif
+#ifndef AVX512_NR2
+#define AVX512_NR2 6
+#endif
+#define NR1 AVX512_NR1 /* B rows per fused tile of one row of A (blocks.h) */
+#define NR2 AVX512_NR2 /* and of two */
 #define QFN(name) name##_avx512_q
 #define FP32FN(name) name##_avx512
 #include "blocks.h"
