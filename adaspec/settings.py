@@ -130,7 +130,7 @@ class Settings(BaseSettings):
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
     # draft-model drafter: the weights its small-row GEMMs read: fp32 (as loaded), bf16 (bf16
     # copies, adaspec/kernels/shadow.py), q8 (its own GEMMs in the 8-bit arithmetic,
-    # kernels/arithmetic.py) or auto (bf16 when the routed kernel runs)
+    # kernels/arithmetic.py) or auto (q8 with AVX-512 VNNI, else bf16 when the routed kernel runs)
     draft_model_weights: str = "auto"
     # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only (the
     # default until trees are measured to pay here), auto = the policy sizes trees and falls

@@ -99,6 +99,8 @@ def _figure(header: str, summary: dict) -> str | None:
         return f"{a[rates[h]]:.1f}"
     if h in ("vs llama.cpp", "vs ngram-mod") and "median_spec_vs_llama" in a:
         return f"{a['median_spec_vs_llama' + ('_ngram' * (h == 'vs ngram-mod'))]:.2f}x"
+    if h == "mlx-lm's ar vs llama.cpp" and "median_ar_vs_llama" in a:
+        return f"{a['median_ar_vs_llama']:.2f}x"
     if h == "same text as llama.cpp" and "llama_same_text" in a:
         return f"{a['llama_same_text']}/{a['prompts']}"
     if h == "floored steps":

@@ -9,8 +9,9 @@ probabilities, so sampled drafts are verified by sample-and-match instead of rej
 lowest ids, which a byte-level BPE gives its most frequent merges, and the end-of-sequence ids):
 a cheaper draft that can propose no other token; weights=bf16 drafts from bf16 copies of the
 model's weight matrices (adaspec/kernels/shadow.py): fewer bytes to read per draft token, for a
-little acceptance (auto, ADASPEC_DRAFT_MODEL_WEIGHTS's default: bf16 when the routed kernel
-runs; fp32: the weights as loaded). "Same vocabulary" is defined in docs/drafters.md.
+little acceptance; weights=q8 runs its GEMMs in the 8-bit arithmetic (auto,
+ADASPEC_DRAFT_MODEL_WEIGHTS's default: q8 on a CPU with AVX-512 VNNI, else bf16 when the routed
+kernel runs; fp32: the weights as loaded). "Same vocabulary" is defined in docs/drafters.md.
 """
 
 from __future__ import annotations

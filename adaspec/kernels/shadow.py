@@ -26,17 +26,25 @@ from ..errors import DrafterError
 from ..settings import WEIGHT_CHOICES
 from . import blas, stored
 
+Q8_VNNI = 2  # adaspec_q8_kernel(): the q8 kernel's AVX-512 VNNI form (1: AVX2, 0: none)
+
 
 def resolve(weights: str, who: str) -> str:
-    """A drafter's `weights=` value -> fp32 | bf16 | q8 (auto: bf16 when the routed kernel
-    runs). q8: the drafter's own GEMMs in the 8-bit arithmetic (kernels/arithmetic.py)."""
+    """A drafter's `weights=` value -> fp32 | bf16 | q8 (auto: q8 where the routed kernel has
+    its AVX-512 VNNI form, else bf16 where the routed kernel runs). q8: the drafter's own GEMMs
+    in the 8-bit arithmetic (kernels/arithmetic.py); a drafter's arithmetic never changes what
+    is emitted, only how much its drafts cost and how often they are accepted."""
     if weights not in WEIGHT_CHOICES:
         raise DrafterError(
             f"{who} weights={weights!r} is invalid; accepted: {', '.join(WEIGHT_CHOICES)}"
         )
     if weights != "auto":
         return weights
-    return "bf16" if _routed_kernel() is not None else "fp32"
+    router = _routed_kernel()
+    if router is None:
+        return "fp32"
+    router.adaspec_q8_kernel.restype = ctypes.c_int
+    return "q8" if router.adaspec_q8_kernel() == Q8_VNNI else "bf16"
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
