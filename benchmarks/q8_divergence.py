@@ -2,9 +2,11 @@
 suite, how many are identical, where the first differing token falls, and the mean
 log-likelihood per token the exact model gives each arithmetic's responses (its own are the
 reference; a lower figure for q8's says how far from the exact model's choices they wander).
+With --llama-server PATH, llama.cpp's greedy responses on the same GGUF and prompt ids too, for
+scale (another engine's own rounding: its own 8-bit activations).
 
     python benchmarks/q8_divergence.py [--model smollm2-135m] [--suite benchmarks/prompts/dev.jsonl]
-        [--max-tokens 128] [--category C,...] [--json out.json]
+        [--max-tokens 128] [--category C,...] [--llama-server PATH] [--json out.json]
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
@@ -18,6 +20,8 @@ import mlx.core as mx
 import numpy as np
 
 from adaspec.bench import load_suite
+from adaspec.bench.llama_server import HttpServer, LlamaServer, ServerConfig, check_binary
+from adaspec.bench.llamacpp import gguf_of
 from adaspec.kernels import arithmetic
 from adaspec.prompting import prompt_ids
 
@@ -50,8 +54,13 @@ def main() -> None:
     p.add_argument("--suite", default=None)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--category", default=None)
+    p.add_argument("--llama-server", default=None, help="a llama-server binary: its responses too")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    llama = None
+    if a.llama_server:
+        cfg = ServerConfig(gguf_of(a.model), threads=2)
+        llama = LlamaServer(HttpServer(check_binary(a.llama_server), cfg))
     suite = load_suite(a.suite)
     if a.category:
         suite = [q for q in suite if q.category in a.category.split(",")]
@@ -64,19 +73,30 @@ def main() -> None:
             arithmetic.apply(model, mode)
             out[mode] = greedy(model, tokenizer, ids, min(q.max_tokens, a.max_tokens))
         arithmetic.apply(model, "exact")
+        if llama is not None:
+            out["llama.cpp"] = llama.complete(ids, min(q.max_tokens, a.max_tokens)).tokens or []
         row = {
             "id": q.id,
             "category": q.category,
             "tokens": {m: len(t) for m, t in out.items()},
             "identical": out["exact"] == out["q8"],
             "first_difference": first_difference(out["exact"], out["q8"]),
+            **(
+                {
+                    "llama_identical": out["exact"] == out["llama.cpp"],
+                    "llama_first_difference": first_difference(out["exact"], out["llama.cpp"]),
+                }
+                if "llama.cpp" in out
+                else {}
+            ),  # fmt: skip
             "logprob_exact_model": {m: mean_logprob(model, ids, t) for m, t in out.items()},
         }
         rows.append(row)
         lp = row["logprob_exact_model"]
         print(
             f"{q.id:24s} identical={row['identical']!s:5s} first diff={row['first_difference']}"
-            f" logp exact {lp['exact']:.3f} q8 {lp['q8']:.3f}",
+            f" logp exact {lp['exact']:.3f} q8 {lp['q8']:.3f}"
+            + (f" llama.cpp {lp['llama.cpp']:.3f}" if "llama.cpp" in lp else ""),
             flush=True,
         )
     diffs = [r["first_difference"] for r in rows if r["first_difference"] is not None]
@@ -86,9 +106,16 @@ def main() -> None:
         "first_difference_median": statistics.median(diffs) if diffs else None,
         "logprob_exact_model_mean": {
             m: float(np.mean([r["logprob_exact_model"][m] for r in rows]))
-            for m in arithmetic.ARITHMETICS
+            for m in rows[0]["logprob_exact_model"]
         },
     }
+    if llama is not None:
+        llama.close()
+        ldiffs = [
+            r["llama_first_difference"] for r in rows if r["llama_first_difference"] is not None
+        ]
+        summary["llama_identical"] = sum(r["llama_identical"] for r in rows)
+        summary["llama_first_difference_median"] = statistics.median(ldiffs) if ldiffs else None
     print(json.dumps(summary, indent=1))
     if a.json:
         with open(a.json, "w") as f:
