@@ -74,23 +74,21 @@ def main() -> None:
             out[mode] = greedy(model, tokenizer, ids, min(q.max_tokens, a.max_tokens))
         arithmetic.apply(model, "exact")
         if llama is not None:
-            out["llama.cpp"] = llama.complete(ids, min(q.max_tokens, a.max_tokens)).tokens or []
+            reply = llama.complete(ids, min(q.max_tokens, a.max_tokens))
+            if reply.tokens is None:
+                raise SystemExit(f"{a.llama_server} returned no token ids (needs /completion)")
+            out["llama.cpp"] = reply.tokens
         row = {
             "id": q.id,
             "category": q.category,
             "tokens": {m: len(t) for m, t in out.items()},
             "identical": out["exact"] == out["q8"],
             "first_difference": first_difference(out["exact"], out["q8"]),
-            **(
-                {
-                    "llama_identical": out["exact"] == out["llama.cpp"],
-                    "llama_first_difference": first_difference(out["exact"], out["llama.cpp"]),
-                }
-                if "llama.cpp" in out
-                else {}
-            ),  # fmt: skip
             "logprob_exact_model": {m: mean_logprob(model, ids, t) for m, t in out.items()},
         }
+        if "llama.cpp" in out:
+            row["llama_identical"] = out["exact"] == out["llama.cpp"]
+            row["llama_first_difference"] = first_difference(out["exact"], out["llama.cpp"])
         rows.append(row)
         lp = row["logprob_exact_model"]
         print(

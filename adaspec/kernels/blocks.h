@@ -23,7 +23,7 @@
 #endif
 /* B rows per fused tile: one or two rows of A leave registers for more rows of B, and each
  * row of B is its own chain of dependent FMAs (its sums' order is fixed), so more rows in
- * flight hide the FMA latency (one core, Q4_K, M = 1, in cache: 4 rows 33.5, 6 rows 42.9 G
+ * flight hide the FMA latency (one core, Q4_K, M = 1, in cache: 4 rows 31.5, 8 rows 36.8 G
  * weights/s) */
 #ifndef NR1
 #define NR1 NR
