@@ -366,7 +366,6 @@ static inline int q8_word(const void *p) {
   return v;
 }
 
-#define Q8_TILE 16384 /* bytes of activation codes a pass over the groups reads (in L1) */
 
 /* AVX-512 VNNI: a 64-byte vector is a whole group's 16 lanes */
 #define QN(name) name##_avx512
@@ -374,8 +373,14 @@ static inline int q8_word(const void *p) {
 #define QI __m512i
 #define QF __m512
 #define QL 16
-#define QROWS32 4 /* rows a pass over 32-weight sub-blocks (8 weight vectors), and 16-weight */
-#define QROWS16 8
+#ifndef QROWS32_512
+#define QROWS32_512 4
+#endif
+#ifndef QROWS16_512
+#define QROWS16_512 8
+#endif
+#define QROWS32 QROWS32_512 /* rows a pass over 32-weight sub-blocks (8 weight vectors), and 16-weight */
+#define QROWS16 QROWS16_512
 #define QDUAL 4 /* up to this many rows a pass, two dependency chains a row */
 #define QLOADI(p) _mm512_loadu_si512(p)
 #define QAND(a, b) _mm512_and_si512(a, b)

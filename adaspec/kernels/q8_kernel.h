@@ -94,47 +94,36 @@ QINLINE void QN(q8_unit)(const int R, const int SB, const int S, const int BITS,
   }
 }
 
-/* all M rows against the groups of N outputs packed at data, in tiles of super-blocks whose
- * activation codes stay in L1: per tile, per group, per super-block, a few rows at a time
- * (the unit stays in L1 while every row passes over it). Each output still adds its
- * super-blocks in increasing order. */
+/* all M rows against the groups of N outputs packed at data: per group, per super-block, a
+ * few rows at a time (the unit stays in L1 while every row passes over it; the rows' codes
+ * of one super-block stay in L1 too). Each output adds its super-blocks in increasing order. */
 QINLINE void QN(q8_groups)(const int SB, const int S, const int BITS, const int HB,
                            const int OFF, const int SC, const int MN, int M, int N,
                            const unsigned char *data, long group_bytes, const q8act_t *a,
                            float al, float be, float *C, int ldc) {
   q8layout_t o = q8_layout((q8fmt_t){SB, S, BITS, HB, OFF, SC, MN});
   int nsb = a->k / SB, groups = (N + Q8_LANES - 1) / Q8_LANES;
-  int tile = Q8_TILE / (M * SB) > 0 ? Q8_TILE / (M * SB) : 1;
-  if (tile >= nsb) tile = nsb;
-  int span = tile < nsb ? groups : 1; /* groups whose accumulators live at once */
   const int rows = S == 32 ? QROWS32 : QROWS16;
-  float *acc = q8_scratch(M * span);
-  for (int g0 = 0; g0 < groups; g0 += span) {
-    __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M * span);
-    for (int s0 = 0; s0 < nsb; s0 += tile)
-      for (int g = g0; g < g0 + span; g++) {
-        float *ag = acc + (long)Q8_LANES * M * (g - g0);
-        for (int sb = s0; sb < s0 + tile && sb < nsb; sb++) {
-          const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
-          for (int l0 = 0; l0 < Q8_LANES; l0 += QL)
-            for (int r0 = 0; r0 < M; r0 += rows) {
-              float *ar = ag + Q8_LANES * r0;
-              switch (M - r0 < rows ? M - r0 : rows) {
+  float *acc = q8_scratch(M);
+  for (int g = 0; g < groups; g++) {
+    __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M);
+    for (int sb = 0; sb < nsb; sb++) {
+      const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
+      for (int l0 = 0; l0 < Q8_LANES; l0 += QL)
+        for (int r0 = 0; r0 < M; r0 += rows) {
+          float *ar = acc + Q8_LANES * r0;
+          switch (M - r0 < rows ? M - r0 : rows) {
 #define Q8_R(n)                                                                                \
   case n: QN(q8_unit)(n, SB, S, BITS, HB, OFF, SC, MN, u, o, l0, sb, a, r0, ar); break;
-                Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
+            Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
 #undef Q8_R
-              }
-            }
+          }
         }
-      }
-    for (int g = g0; g < g0 + span; g++) {
-      int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
-      const float *ag = acc + (long)Q8_LANES * M * (g - g0);
-      for (int r = 0; r < M; r++)
-        for (int l = 0; l < lanes; l++)
-          put(C + (long)r * ldc + g * Q8_LANES + l, ag[Q8_LANES * r + l], al, be);
     }
+    int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
+    for (int r = 0; r < M; r++)
+      for (int l = 0; l < lanes; l++)
+        put(C + (long)r * ldc + g * Q8_LANES + l, acc[Q8_LANES * r + l], al, be);
   }
 }
 
