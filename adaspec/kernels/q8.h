@@ -347,19 +347,6 @@ static void q8_reference(int type, const unsigned char *B, long row_bytes, int m
 
 /* ---- the vector kernels (q8_kernel.h): AVX-512 VNNI on 16 lanes, AVX2 on 8 ------------- */
 
-/* a thread's accumulators: 16 floats for each of m rows, 64-byte aligned */
-static float *q8_scratch(int m) {
-  static __thread float *buf;
-  static __thread int have;
-  if (m > have) {
-    free(buf);
-    buf = aligned_alloc(64, sizeof(float) * Q8_LANES * m);
-    if (!buf) abort();
-    have = m;
-  }
-  return buf;
-}
-
 static inline int q8_word(const void *p) {
   int v;
   __builtin_memcpy(&v, p, 4);
@@ -373,14 +360,8 @@ static inline int q8_word(const void *p) {
 #define QI __m512i
 #define QF __m512
 #define QL 16
-#ifndef QROWS32_512
-#define QROWS32_512 4
-#endif
-#ifndef QROWS16_512
-#define QROWS16_512 8
-#endif
-#define QROWS32 QROWS32_512 /* rows a pass over 32-weight sub-blocks (8 weight vectors), and 16-weight */
-#define QROWS16 QROWS16_512
+#define QROWS32 8 /* rows a pass over 32-weight sub-blocks (8 weight vectors), and 16-weight */
+#define QROWS16 8
 #define QDUAL 4 /* up to this many rows a pass, two dependency chains a row */
 #define QLOADI(p) _mm512_loadu_si512(p)
 #define QAND(a, b) _mm512_and_si512(a, b)

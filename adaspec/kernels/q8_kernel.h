@@ -40,11 +40,12 @@ QINLINE QI QN(q8_dot)(const int BITS, QI acc, QI w, const signed char *p) {
 
 QINLINE QI QN(q8_pairs)(QI acc, QI w, const short *p) { QPAIRS_DEF }
 
-/* R token rows from r0 against lanes l0.. of one unit u (super-block sb of a group): acc (16
- * floats a row, in memory between super-blocks) += the unit's share of those outputs */
+/* R token rows from r0 against lanes l0.. of one unit u (super-block sb of a group): acc (one
+ * vector of QL floats a row, in registers across the group's super-blocks) += the unit's
+ * share of those outputs */
 QINLINE void QN(q8_unit)(const int R, const int SB, const int S, const int BITS, const int HB,
                          const int OFF, const int SC, const int MN, const unsigned char *u,
-                         q8layout_t o, int l0, int sb, const q8act_t *a, int r0, float *acc) {
+                         q8layout_t o, int l0, int sb, const q8act_t *a, int r0, QF *acc) {
   const int NSUB = SB / S, T = S / 4, DUAL = R <= QDUAL; /* enough chains hide the latency */
   const int START = OFF && !(BITS == 8 && QOFF_IN_DOT); /* a dot starts at -off * sum(qa) */
   QI isum[Q8_ROWS];
@@ -79,7 +80,7 @@ QINLINE void QN(q8_unit)(const int R, const int SB, const int S, const int BITS,
   }
   for (int r = 0; r < R; r++) {
     QF da = QFSET1(q8_da(a, r0 + r)[sb]);
-    QF v = QFLOAD(acc + 16 * r + l0);
+    QF v = acc[r];
     v = QFMADD(QFMUL(dv, da), QCVTF(isum[r]), v);
     if (MN) {
       QI imin = QSET1_32(q8_bsum(a, r0 + r)[sb * NSUB]);
@@ -90,13 +91,13 @@ QINLINE void QN(q8_unit)(const int R, const int SB, const int S, const int BITS,
       }
       v = QFNMADD(QFMUL(dmv, da), QCVTF(imin), v);
     }
-    QFSTORE(acc + 16 * r + l0, v);
+    acc[r] = v;
   }
 }
 
-/* all M rows against the groups of N outputs packed at data: per group, per super-block, a
- * few rows at a time (the unit stays in L1 while every row passes over it; the rows' codes
- * of one super-block stay in L1 too). Each output adds its super-blocks in increasing order. */
+/* all M rows against the groups of N outputs packed at data: per group, up to 8 rows at a
+ * time over all its super-blocks, their sums in registers (a later pass over the same rows
+ * reads the group again, from cache). Each output adds its super-blocks in increasing order. */
 QINLINE void QN(q8_groups)(const int SB, const int S, const int BITS, const int HB,
                            const int OFF, const int SC, const int MN, int M, int N,
                            const unsigned char *data, long group_bytes, const q8act_t *a,
@@ -104,26 +105,30 @@ QINLINE void QN(q8_groups)(const int SB, const int S, const int BITS, const int 
   q8layout_t o = q8_layout((q8fmt_t){SB, S, BITS, HB, OFF, SC, MN});
   int nsb = a->k / SB, groups = (N + Q8_LANES - 1) / Q8_LANES;
   const int rows = S == 32 ? QROWS32 : QROWS16;
-  float *acc = q8_scratch(M);
   for (int g = 0; g < groups; g++) {
-    __builtin_memset(acc, 0, sizeof(float) * Q8_LANES * M);
-    for (int sb = 0; sb < nsb; sb++) {
-      const unsigned char *u = data + (long)g * group_bytes + (long)sb * o.unit;
-      for (int l0 = 0; l0 < Q8_LANES; l0 += QL)
-        for (int r0 = 0; r0 < M; r0 += rows) {
-          float *ar = acc + Q8_LANES * r0;
-          switch (M - r0 < rows ? M - r0 : rows) {
-#define Q8_R(n)                                                                                \
-  case n: QN(q8_unit)(n, SB, S, BITS, HB, OFF, SC, MN, u, o, l0, sb, a, r0, ar); break;
-            Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
-#undef Q8_R
-          }
-        }
-    }
+    const unsigned char *ug = data + (long)g * group_bytes;
     int lanes = N - g * Q8_LANES < Q8_LANES ? N - g * Q8_LANES : Q8_LANES;
-    for (int r = 0; r < M; r++)
-      for (int l = 0; l < lanes; l++)
-        put(C + (long)r * ldc + g * Q8_LANES + l, acc[Q8_LANES * r + l], al, be);
+    for (int l0 = 0; l0 < Q8_LANES; l0 += QL)
+      for (int r0 = 0; r0 < M; r0 += rows) {
+        switch (M - r0 < rows ? M - r0 : rows) {
+#define Q8_R(n)                                                                                \
+  case n: {                                                                                    \
+    QF acc[n];                                                                                 \
+    for (int r = 0; r < n; r++) acc[r] = QFZERO();                                             \
+    for (int sb = 0; sb < nsb; sb++)                                                           \
+      QN(q8_unit)(n, SB, S, BITS, HB, OFF, SC, MN, ug + (long)sb * o.unit, o, l0, sb, a, r0, acc); \
+    for (int r = 0; r < n; r++) {                                                              \
+      float out[QL] __attribute__((aligned(64)));                                              \
+      QFSTORE(out, acc[r]);                                                                    \
+      for (int l = l0; l < l0 + QL && l < lanes; l++)                                          \
+        put(C + (long)(r0 + r) * ldc + g * Q8_LANES + l, out[l - l0], al, be);                \
+    }                                                                                          \
+    break;                                                                                     \
+  }
+          Q8_R(1) Q8_R(2) Q8_R(3) Q8_R(4) Q8_R(5) Q8_R(6) Q8_R(7) Q8_R(8)
+#undef Q8_R
+        }
+      }
   }
 }
 
