@@ -101,6 +101,44 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(kernel, m, n, k, seed):
     assert np.array_equal(gemm_nt(kernel, odd, b, k), together[m // 2 :])
 
 
+def gemm_nn(f, a, b):
+    """C = A B through the kernel for B not transposed (attention's scores @ V)"""
+    c = np.zeros((a.shape[0], b.shape[1]), dtype=np.float32)
+    f(0, a.shape[0], b.shape[1], a.shape[1], 1.0, ptr(a), a.shape[1], ptr(b), b.shape[1], 0.0,
+      ptr(c), c.shape[1])  # fmt: skip
+    return c
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    m=st.integers(1, 32), n=st.integers(1, 200), k=st.integers(1, 300), seed=st.integers(0, 2**16)
+)
+def test_scores_at_v_are_the_same_bits_on_every_isa_and_batch(router, m, n, k, seed):
+    """B not transposed (attention's scores @ V): exact on small integers, and with random
+    floats every instruction set, every batch of rows and either thread's share give each
+    output the same bits (one fused multiply-add after another, k in order)."""
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-8, 9, (m, k)).astype(np.float32)
+    b = rng.integers(-8, 9, (k, n)).astype(np.float32)
+    f = router.adaspec_small_m_sgemm
+    f.argtypes = [ctypes.c_int] * 4 + [ctypes.c_float, F32P, ctypes.c_int, F32P, ctypes.c_int,
+                                       ctypes.c_float, F32P, ctypes.c_int]  # fmt: skip
+    a2 = rng.standard_normal((m, k), dtype=np.float32)
+    b2 = rng.standard_normal((k, n), dtype=np.float32)
+    per_isa = []
+    try:
+        for isa in isas_here():
+            assert router.adaspec_kernel_isa(blas.ISA_CODES[isa]) == blas.ISA_CODES[isa]
+            assert np.array_equal(gemm_nn(f, a, b), a.astype(np.float64) @ b), isa
+            together = gemm_nn(f, a2, b2)
+            alone = np.concatenate([gemm_nn(f, a2[i : i + 1], b2) for i in range(m)])
+            assert np.array_equal(together, alone), isa
+            per_isa.append(together)
+    finally:
+        router.adaspec_kernel_isa(0)
+    assert all(np.array_equal(per_isa[0], x) for x in per_isa[1:])
+
+
 def test_the_kernel_knob_chooses_the_instruction_set(router):
     assert router.adaspec_kernel_isa(blas.ISA_CODES["avx2"]) == blas.ISA_CODES["avx2"]
     assert router.adaspec_kernel_isa(-1) == blas.ISA_CODES["avx2"]  # -1 asks, changes nothing

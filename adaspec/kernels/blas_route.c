@@ -22,7 +22,8 @@
 #include <time.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
-#define NN_MAX (1L << 20) /* B elements up to which a non-transposed B stays on one thread */
+#define NN_MAX (1L << 20) /* B elements up to which a non-transposed B stays on the kernel */
+enum { T_NN = 62 }; /* a source_t type: an fp32 B not transposed (k x n, ldb apart) */
 
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int,
                          const float *, int, float, float *, int);
@@ -412,33 +413,87 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
 #pragma GCC pop_options
 #endif
 
-/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n, k in
+/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n (lanes
+ * past N masked), k in
  * order, so a row's result does not depend on M either */
 static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
                     int ldb, float be, float *C, int ldc) {
   for (int m = 0; m < M; m++) {
     const float *a = A + (long)m * lda;
     float *c = C + (long)m * ldc;
-    int n0 = 0;
-    for (; n0 + 64 <= N; n0 += 64) {
+    for (int n0 = 0; n0 < N; n0 += 64) {
+      __m256i mk[8]; /* lanes of each vector inside N */
+      for (int j = 0; j < 8; j++) {
+        int left = N - n0 - 8 * j;
+        left = left < 0 ? 0 : left > 8 ? 8 : left;
+        mk[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+      }
       __m256 acc[8];
       for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
       for (int k = 0; k < K; k++) {
         __m256 x = _mm256_set1_ps(a[k]);
         const float *b = B + (long)k * ldb + n0;
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * j, mk[j]), acc[j]);
       }
       float out[64];
       for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
-      for (int j = 0; j < 64; j++) put(c + n0 + j, out[j], al, be);
-    }
-    for (int n = n0; n < N; n++) {
-      float s = 0.f;
-      for (int k = 0; k < K; k++) s = fmaf(a[k], B[(long)k * ldb + n], s);
-      put(c + n, s, al, be);
+      for (int j = 0; j < 64 && n0 + j < N; j++) put(c + n0 + j, out[j], al, be);
     }
   }
 }
+
+/* the same sums on AVX-512: up to 4 rows of A share each load of B, 16 outputs a vector
+ * (masked at the end of N); each output is still one fma chain over k in order */
+#ifdef HAVE_AVX512
+/* R rows of A from a against 16 NV columns of B from b (lanes past `left` masked) */
+__attribute__((target("avx512f"), always_inline)) static inline void
+nn_tile_avx512(const int R, const int NV, int K, float al, const float *a, int lda,
+               const float *b, int ldb, int left, float be, float *c, int ldc) {
+  __mmask16 mk[4];
+  for (int v = 0; v < NV; v++) {
+    int l = left - 16 * v;
+    mk[v] = l >= 16 ? 0xffff : l > 0 ? (__mmask16)((1u << l) - 1) : 0;
+  }
+  __m512 acc[4][4], bv[4];
+  for (int r = 0; r < R; r++)
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
+  for (int k = 0; k < K; k++, b += ldb) {
+    for (int v = 0; v < NV; v++) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + 16 * v);
+    for (int r = 0; r < R; r++) {
+      __m512 x = _mm512_set1_ps(a[(long)r * lda + k]);
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < R; r++) {
+    float out[64];
+    for (int v = 0; v < NV; v++) _mm512_storeu_ps(out + 16 * v, acc[r][v]);
+    for (int j = 0; j < 16 * NV && j < left; j++) put(c + (long)r * ldc + j, out[j], al, be);
+  }
+}
+
+/* the same sums on AVX-512: up to 4 rows of A share each load of B, 16 outputs a vector,
+ * up to 4 vectors a tile; each output is still one fma chain over k in order */
+__attribute__((target("avx512f"))) static void rows_nn_avx512(int M, int N, int K, float al,
+                                                               const float *A, int lda,
+                                                               const float *B, int ldb, float be,
+                                                               float *C, int ldc) {
+  for (int m0 = 0; m0 < M; m0 += 4)
+    for (int n0 = 0; n0 < N; n0 += 64) {
+      const float *a = A + (long)m0 * lda;
+      float *c = C + (long)m0 * ldc + n0;
+      int R = M - m0 < 4 ? M - m0 : 4, NV = (N - n0 + 15) / 16 < 4 ? (N - n0 + 15) / 16 : 4;
+      switch (4 * (R - 1) + NV - 1) {
+#define NN_T(r, nv)                                                                            \
+  case 4 * (r - 1) + nv - 1:                                                                   \
+    nn_tile_avx512(r, nv, K, al, a, lda, B + n0, ldb, N - n0, be, c, ldc);                     \
+    break;
+        NN_T(1, 1) NN_T(1, 2) NN_T(1, 3) NN_T(1, 4) NN_T(2, 1) NN_T(2, 2) NN_T(2, 3) NN_T(2, 4)
+        NN_T(3, 1) NN_T(3, 2) NN_T(3, 3) NN_T(3, 4) NN_T(4, 1) NN_T(4, 2) NN_T(4, 3) NN_T(4, 4)
+#undef NN_T
+      }
+    }
+}
+#endif
 
 typedef void (*part_fn)(int, int, int, float, const float *, int, const float *, int, float,
                         float *, int);
@@ -449,6 +504,7 @@ typedef void (*blocks_fn)(int, int, int, float, const float *, int, const unsign
 typedef void (*row_fn)(int, const unsigned char *, float *, int);
 enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 static part_fn kernel_part = part_avx2;
+static part_fn nn_rows = rows_nn; /* B not transposed */
 static part16_fn kernel_part16 = part_avx2_bf16;
 static blocks_fn kernel_blocks = part_blocks_avx2_q;
 static row_fn kernel_row = dequant_row_avx2_q;
@@ -471,6 +527,7 @@ int adaspec_kernel_isa(int want) {
   kernel_part16 = want == ISA_AVX512 ? part_avx512_bf16 : part_avx2_bf16;
   kernel_blocks = want == ISA_AVX512 ? part_blocks_avx512_q : part_blocks_avx2_q;
   kernel_row = want == ISA_AVX512 ? dequant_row_avx512_q : dequant_row_avx2_q;
+  nn_rows = want == ISA_AVX512 ? rows_nn_avx512 : rows_nn;
 #endif
   isa = want;
   return isa;
@@ -499,6 +556,7 @@ static void rows_nn(int M, int N, int K, float al, const float *A, int lda, cons
       put(C + (long)m * ldc + n, s, al, be);
     }
 }
+#define nn_rows rows_nn
 static void kernel_part(int M, int N, int K, float al, const float *A, int lda, const float *B,
                         int ldb, float be, float *C, int ldc) {
   for (int m = 0; m < M; m++)
@@ -527,7 +585,7 @@ static void kernel_row(int type, const unsigned char *row, float *out, int K) {
 typedef struct {
   int type;
   const unsigned char *data; /* row 0 of the stand-in */
-  long row_bytes;            /* T_Q8P: a group's bytes / 16 */
+  long row_bytes;            /* T_Q8P: a group's bytes / 16; T_NN: 4 (a column) */
   int q8type;                /* T_Q8P: the type packed */
   const q8act_t *act;        /* T_Q8P: the quantized rows of A */
 } source_t;
@@ -546,6 +604,8 @@ static void part_any(int M, int N, int K, float al, const float *A, int lda, con
   else if (src.type == T_BF16)
     kernel_part16(M, N, K, al, A, lda, (const unsigned short *)src.data,
                   (int)(src.row_bytes / 2), be, C, ldc);
+  else if (src.type == T_NN)
+    nn_rows(M, N, K, al, A, lda, (const float *)src.data, ldb, be, C, ldc);
   else if (src.type == T_Q8P)
     q8_part(src.q8type, M, N, src.data, src.row_bytes * Q8_LANES, src.act, al, be, C, ldc);
   else
@@ -573,7 +633,10 @@ static int worker_started;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 #ifndef SPLIT_MIN
-#define SPLIT_MIN (1L << 15) /* B elements below which a GEMM stays on one thread */
+#define SPLIT_MIN (1L << 15) /* B elements below which a GEMM stays on one thread, */
+#endif
+#ifndef SPLIT_WORK
+#define SPLIT_WORK (1L << 16) /* unless it has this many multiply-adds (attention's, a few rows) */
 #endif
 #define SPINS 200000 /* ~ms of polling after a job before the worker sleeps */
 
@@ -585,7 +648,7 @@ static inline void relax(void) {
 
 /* whole tiles of 1, 2, 3 or 6 rows of B; whole groups of a packed copy */
 static int split(source_t src, int N) {
-  return (N / 2) - (N / 2) % (src.type == T_Q8P ? Q8_LANES : 6);
+  return (N / 2) - (N / 2) % (src.type == T_Q8P || src.type == T_NN ? 16 : 6);
 }
 
 static unsigned start_seen; /* jobs posted before the worker was created */
@@ -610,7 +673,7 @@ static void *worker(void *unused) {
     unsigned expect = s - 1;
     if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
     int h = split(job.src, job.N);
-    part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B + (long)h * job.ldb,
+    part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B ? job.B + (long)h * job.ldb : 0,
              rows_from(job.src, h), job.ldb, job.be, job.C + h, job.ldc);
     atomic_store_explicit(&finished, s, memory_order_release);
   }
@@ -628,7 +691,8 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
                    source_t src, int ldb, float be, float *C, int ldc) {
   /* little work (attention's scores at a short context), or another thread is already
    * using the worker: stay on this thread */
-  if ((long)N * K < SPLIT_MIN || N < 12 || atomic_exchange(&busy, 1)) {
+  if (((long)N * K < SPLIT_MIN && (long)M * N * K < SPLIT_WORK) || N < 12 ||
+      atomic_exchange(&busy, 1)) {
     part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
     return;
   }
@@ -654,7 +718,7 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
   unsigned expect = s - 1;
   if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
     /* the worker has not started on it: do the second half here rather than wait for it */
-    part_any(M, N - h, K, al, A, lda, B + (long)h * ldb, rows_from(src, h), ldb, be, C + h,
+    part_any(M, N - h, K, al, A, lda, B ? B + (long)h * ldb : 0, rows_from(src, h), ldb, be, C + h,
              ldc);
   } else {
     for (long spins = 0; atomic_load_explicit(&finished, memory_order_acquire) != s; spins++) {
@@ -947,7 +1011,8 @@ void adaspec_small_m_sgemm(int trans_b, int M, int N, int K, float alpha, const 
   if (trans_b)
     kernel(M, N, K, alpha, A, lda, B, FP32, ldb, beta, C, ldc);
   else
-    rows_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernel(M, N, K, alpha, A, lda, 0, (source_t){T_NN, (const unsigned char *)B, 4, 0, 0}, ldb,
+           beta, C, ldc);
 }
 
 /* the bf16 kernel alone, for tests: C = alpha * A Bh^T + beta * C */
@@ -995,7 +1060,8 @@ void cblas_sgemm(int order, int ta, int tb, int m, int n, int k, float alpha, co
     typed = s;
   } else if (m <= own_rows && order == ROW_MAJOR && ta == NO_TRANS && tb == NO_TRANS &&
              (long)n * k <= NN_MAX) {
-    rows_nn(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    source_t src = {T_NN, (const unsigned char *)b, 4, 0, 0};
+    kernel(m, n, k, alpha, a, lda, 0, src, ldb, beta, c, ldc);
   } else {
     to = 1;
     wide_sgemm(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
