@@ -413,31 +413,51 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
 #pragma GCC pop_options
 #endif
 
-/* C[m][n0..n0+64) for B not transposed (attention's scores @ V): 8 accumulators along n (lanes
- * past N masked), k in
- * order, so a row's result does not depend on M either */
+/* C[m][n] for B not transposed (attention's scores @ V), one row of A at a time: 64 columns
+ * in 8 accumulators, then 32 in 4, then 8, then one; each output one fma chain over k in order, so a row's
+ * result does not depend on M (nor on where a thread's share of N starts) */
 static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
                     int ldb, float be, float *C, int ldc) {
   for (int m = 0; m < M; m++) {
     const float *a = A + (long)m * lda;
     float *c = C + (long)m * ldc;
-    for (int n0 = 0; n0 < N; n0 += 64) {
-      __m256i mk[8]; /* lanes of each vector inside N */
-      for (int j = 0; j < 8; j++) {
-        int left = N - n0 - 8 * j;
-        left = left < 0 ? 0 : left > 8 ? 8 : left;
-        mk[j] = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-      }
+    int n0 = 0;
+    for (; n0 + 64 <= N; n0 += 64) {
       __m256 acc[8];
       for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
       for (int k = 0; k < K; k++) {
         __m256 x = _mm256_set1_ps(a[k]);
         const float *b = B + (long)k * ldb + n0;
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_maskload_ps(b + 8 * j, mk[j]), acc[j]);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
       }
       float out[64];
       for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
-      for (int j = 0; j < 64 && n0 + j < N; j++) put(c + n0 + j, out[j], al, be);
+      for (int j = 0; j < 64; j++) put(c + n0 + j, out[j], al, be);
+    }
+    for (; n0 + 32 <= N; n0 += 32) {
+      __m256 acc[4];
+      for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
+      for (int k = 0; k < K; k++) {
+        __m256 x = _mm256_set1_ps(a[k]);
+        const float *b = B + (long)k * ldb + n0;
+        for (int j = 0; j < 4; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
+      }
+      float out[32];
+      for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
+      for (int j = 0; j < 32; j++) put(c + n0 + j, out[j], al, be);
+    }
+    for (; n0 + 8 <= N; n0 += 8) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int k = 0; k < K; k++)
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[k]), _mm256_loadu_ps(B + (long)k * ldb + n0), acc);
+      float out[8];
+      _mm256_storeu_ps(out, acc);
+      for (int j = 0; j < 8; j++) put(c + n0 + j, out[j], al, be);
+    }
+    for (int n = n0; n < N; n++) {
+      float s = 0.f;
+      for (int k = 0; k < K; k++) s = fmaf(a[k], B[(long)k * ldb + n], s);
+      put(c + n, s, al, be);
     }
   }
 }
@@ -458,7 +478,9 @@ nn_tile_avx512(const int R, const int NV, int K, float al, const float *a, int l
   for (int r = 0; r < R; r++)
     for (int v = 0; v < NV; v++) acc[r][v] = _mm512_setzero_ps();
   for (int k = 0; k < K; k++, b += ldb) {
-    for (int v = 0; v < NV; v++) bv[v] = _mm512_maskz_loadu_ps(mk[v], b + 16 * v);
+    for (int v = 0; v < NV; v++) /* a masked load only where it must be: measured slower */
+      bv[v] = left >= 16 * (v + 1) ? _mm512_loadu_ps(b + 16 * v)
+                                   : _mm512_maskz_loadu_ps(mk[v], b + 16 * v);
     for (int r = 0; r < R; r++) {
       __m512 x = _mm512_set1_ps(a[(long)r * lda + k]);
       for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
@@ -471,27 +493,29 @@ nn_tile_avx512(const int R, const int NV, int K, float al, const float *a, int l
   }
 }
 
-/* the same sums on AVX-512: up to 4 rows of A share each load of B, 16 outputs a vector,
- * up to 4 vectors a tile; each output is still one fma chain over k in order */
+/* the same sums on AVX-512: 4 rows of A share each load of B, 16 outputs a vector, up to 4
+ * vectors a tile; each output is still one fma chain over k in order */
 __attribute__((target("avx512f"))) static void rows_nn_avx512(int M, int N, int K, float al,
                                                                const float *A, int lda,
                                                                const float *B, int ldb, float be,
                                                                float *C, int ldc) {
-  for (int m0 = 0; m0 < M; m0 += 4)
+  int m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4)
     for (int n0 = 0; n0 < N; n0 += 64) {
       const float *a = A + (long)m0 * lda;
       float *c = C + (long)m0 * ldc + n0;
-      int R = M - m0 < 4 ? M - m0 : 4, NV = (N - n0 + 15) / 16 < 4 ? (N - n0 + 15) / 16 : 4;
+      int R = 4, NV = (N - n0 + 15) / 16 < 4 ? (N - n0 + 15) / 16 : 4;
       switch (4 * (R - 1) + NV - 1) {
 #define NN_T(r, nv)                                                                            \
   case 4 * (r - 1) + nv - 1:                                                                   \
     nn_tile_avx512(r, nv, K, al, a, lda, B + n0, ldb, N - n0, be, c, ldc);                     \
     break;
-        NN_T(1, 1) NN_T(1, 2) NN_T(1, 3) NN_T(1, 4) NN_T(2, 1) NN_T(2, 2) NN_T(2, 3) NN_T(2, 4)
-        NN_T(3, 1) NN_T(3, 2) NN_T(3, 3) NN_T(3, 4) NN_T(4, 1) NN_T(4, 2) NN_T(4, 3) NN_T(4, 4)
+        NN_T(4, 1) NN_T(4, 2) NN_T(4, 3) NN_T(4, 4)
 #undef NN_T
       }
     }
+  if (m0 < M) /* fewer than 4 rows left: measured faster one at a time on AVX2 */
+    rows_nn(M - m0, N, K, al, A + (long)m0 * lda, lda, B, ldb, be, C + (long)m0 * ldc, ldc);
 }
 #endif
 
