@@ -413,8 +413,24 @@ static inline __m512 load16hn(const unsigned short *p, int n) {
 #pragma GCC pop_options
 #endif
 
+/* 8 V columns of one row of C from n0 for B not transposed: V accumulators, k in order */
+__attribute__((always_inline)) static inline void nn_columns(const int V, const float *a, int K,
+                                                             const float *B, int ldb, int n0,
+                                                             float al, float be, float *c) {
+  __m256 acc[8];
+  for (int j = 0; j < V; j++) acc[j] = _mm256_setzero_ps();
+  for (int k = 0; k < K; k++) {
+    __m256 x = _mm256_set1_ps(a[k]);
+    const float *b = B + (long)k * ldb + n0;
+    for (int j = 0; j < V; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
+  }
+  float out[64];
+  for (int j = 0; j < V; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
+  for (int j = 0; j < 8 * V; j++) put(c + n0 + j, out[j], al, be);
+}
+
 /* C[m][n] for B not transposed (attention's scores @ V), one row of A at a time: 64 columns
- * in 8 accumulators, then 32 in 4, then 8, then one; each output one fma chain over k in order, so a row's
+ * at once, then 32, then 8, then one; each output one fma chain over k in order, so a row's
  * result does not depend on M (nor on where a thread's share of N starts) */
 static void rows_nn(int M, int N, int K, float al, const float *A, int lda, const float *B,
                     int ldb, float be, float *C, int ldc) {
@@ -422,38 +438,9 @@ static void rows_nn(int M, int N, int K, float al, const float *A, int lda, cons
     const float *a = A + (long)m * lda;
     float *c = C + (long)m * ldc;
     int n0 = 0;
-    for (; n0 + 64 <= N; n0 += 64) {
-      __m256 acc[8];
-      for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-      for (int k = 0; k < K; k++) {
-        __m256 x = _mm256_set1_ps(a[k]);
-        const float *b = B + (long)k * ldb + n0;
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
-      }
-      float out[64];
-      for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
-      for (int j = 0; j < 64; j++) put(c + n0 + j, out[j], al, be);
-    }
-    for (; n0 + 32 <= N; n0 += 32) {
-      __m256 acc[4];
-      for (int j = 0; j < 4; j++) acc[j] = _mm256_setzero_ps();
-      for (int k = 0; k < K; k++) {
-        __m256 x = _mm256_set1_ps(a[k]);
-        const float *b = B + (long)k * ldb + n0;
-        for (int j = 0; j < 4; j++) acc[j] = _mm256_fmadd_ps(x, _mm256_loadu_ps(b + 8 * j), acc[j]);
-      }
-      float out[32];
-      for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + 8 * j, acc[j]);
-      for (int j = 0; j < 32; j++) put(c + n0 + j, out[j], al, be);
-    }
-    for (; n0 + 8 <= N; n0 += 8) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int k = 0; k < K; k++)
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(a[k]), _mm256_loadu_ps(B + (long)k * ldb + n0), acc);
-      float out[8];
-      _mm256_storeu_ps(out, acc);
-      for (int j = 0; j < 8; j++) put(c + n0 + j, out[j], al, be);
-    }
+    for (; n0 + 64 <= N; n0 += 64) nn_columns(8, a, K, B, ldb, n0, al, be, c);
+    for (; n0 + 32 <= N; n0 += 32) nn_columns(4, a, K, B, ldb, n0, al, be, c);
+    for (; n0 + 8 <= N; n0 += 8) nn_columns(1, a, K, B, ldb, n0, al, be, c);
     for (int n = n0; n < N; n++) {
       float s = 0.f;
       for (int k = 0; k < K; k++) s = fmaf(a[k], B[(long)k * ldb + n], s);
@@ -462,8 +449,6 @@ static void rows_nn(int M, int N, int K, float al, const float *A, int lda, cons
   }
 }
 
-/* the same sums on AVX-512: up to 4 rows of A share each load of B, 16 outputs a vector
- * (masked at the end of N); each output is still one fma chain over k in order */
 #ifdef HAVE_AVX512
 /* R rows of A from a against 16 NV columns of B from b (lanes past `left` masked) */
 __attribute__((target("avx512f"), always_inline)) static inline void
