@@ -51,6 +51,27 @@ def matrix(type_name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray
     return raw, k, stored.values(type_name, raw, k, vector=False)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q6_K", "Q4_K"])
+def test_each_sub_blocks_sum_is_the_sum_of_its_codes(type_name):
+    """The quantizer's per-sub-block sums (which the offsets and mins multiply) equal the sums
+    of the codes, for row lengths whose last 64 codes are whole or not."""
+    code = stored.TYPES[type_name][0]
+    rng = np.random.default_rng(code)
+    f = blas._router.adaspec_q8_activations
+    for k in (32, 96, 256, 576, 768, 1536, 8960):
+        m = 3
+        a = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+        codes = np.zeros((m, k), np.int8)
+        sums = np.zeros(m * (k // 16), np.int32)  # m rows of k / s sums, one after the other
+        s = f(code, m, k, ctypes.c_void_p(a.ctypes.data), ctypes.c_void_p(codes.ctypes.data),
+              ctypes.c_void_p(sums.ctypes.data))  # fmt: skip
+        if s == -3:  # k is not a whole number of this type's super-blocks
+            assert k % stored.TYPES[type_name][1], (type_name, k)
+            continue
+        want = codes.astype(np.int64).reshape(m, k // s, s).sum(axis=2)
+        assert np.array_equal(sums[: m * (k // s)].reshape(m, k // s), want), (type_name, k)
+
+
 @pytest.mark.parametrize("type_name", TYPES)
 def test_each_row_is_the_same_bits_in_any_batch_and_equals_the_reference(type_name, isa):  # noqa: F811
     """On either kernel (AVX-512 VNNI, AVX2)."""

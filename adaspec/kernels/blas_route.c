@@ -900,6 +900,21 @@ static void q8_gemm(int type, const unsigned char *data, long row_bytes,
   }
 }
 
+/* the quantized activations alone, for tests: m rows of A (k floats each) for weights of
+ * `type` into codes[m][k] and the sums of each sub-block's codes sums[m][k / sub-block];
+ * returns the sub-block size, or -3 for a type or k it cannot take */
+int adaspec_q8_activations(int type, int m, int k, const float *A, signed char *codes,
+                           int *sums) {
+  q8fmt_t f = q8_fmt(type);
+  if (!f.sb || k % f.sb) return -3;
+  q8act_t a = q8_quantize(f, m, k, A, k);
+  for (int r = 0; r < m; r++) {
+    __builtin_memcpy(codes + (long)r * k, q8_codes(&a, r), k);
+    __builtin_memcpy(sums + (long)r * a.nsub, q8_bsum(&a, r), sizeof(int) * a.nsub);
+  }
+  return f.s;
+}
+
 /* the 8-bit GEMM alone, for tests: C = alpha * A B^T + beta * C with B n x k of `type` (a
  * GGML type id; 0: floats). vector 1: packed, on the vector kernel; 0: the reference.
  * Returns 0, or -2 (vector asked, no VNNI), -3 (a type or k it cannot take), -4 (memory). */

@@ -278,6 +278,26 @@ __attribute__((target("avx512f,avx512bw"))) static float q8_codes_vector(const f
   return amax;
 }
 
+/* the sums of the sub-blocks of s (16 or 32) codes in the first 64-byte pieces of qa[k] into
+ * out: the bytes plus 128 summed 8 at a time (vpsadbw), less 128 each; returns how many
+ * sub-blocks it summed (the rest are left to the caller) */
+__attribute__((target("avx512f,avx512bw"))) static int q8_sums_vector(const signed char *qa, int k,
+                                                                      int s, int *out) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  int e = 0;
+  for (; e + 64 <= k; e += 64) {
+    __m512i u = _mm512_xor_si512(_mm512_loadu_si512(qa + e), flip);
+    long long t[8];
+    _mm512_storeu_si512(t, _mm512_sad_epu8(u, _mm512_setzero_si512()));
+    for (int q = 0; q < 8; q += s / 8) {
+      long long v = 0;
+      for (int i = 0; i < s / 8; i++) v += t[q + i];
+      out[(e + 8 * q) / s] = (int)v - 128 * s;
+    }
+  }
+  return e / s;
+}
+
 /* quantize m rows of A (k floats, lda apart) for weights of format f into a thread's scratch */
 static q8act_t q8_quantize(q8fmt_t f, int m, int k, const float *A, int lda) {
   static __thread unsigned char *buf;
@@ -303,9 +323,11 @@ static q8act_t q8_quantize(q8fmt_t f, int m, int k, const float *A, int lda) {
       float amax = vector ? q8_codes_vector(xs, f.sb, qs) : q8_codes_scalar(xs, f.sb, qs);
       da[sb] = amax / 127.f;
     }
+    int done = vector ? q8_sums_vector(qa, k, f.s, bsum) : 0;
     for (int j = 0; j < a.nsub; j++) {
       int s = 0;
-      for (int e = j * f.s; e < (j + 1) * f.s; e++) s += qa[e];
+      for (int e = j * f.s; j >= done && e < (j + 1) * f.s; e++) s += qa[e];
+      s = j < done ? bsum[j] : s;
       bsum[j] = s, obs[j] = -f.off * s, ((short *)(obs + a.nsub))[j] = (short)s;
     }
   }
