@@ -36,7 +36,8 @@ KERNEL_ROWS = 32  # routed: fp32 GEMMs with at most this many rows run on blas_r
 NN_MAX_ELEMENTS = 1 << 20  # blas_route.c's NN_MAX: a non-transposed B up to this size stays on it
 ROUTER_SOURCE = Path(__file__).with_name("blas_route.c")
 ROUTER_DEPS = tuple(
-    Path(__file__).with_name(n) for n in ("small_m.h", "blocks.h", "q8.h", "q8_kernel.h")
+    Path(__file__).with_name(n)
+    for n in ("small_m.h", "blocks.h", "q8.h", "q8_avx512.h", "q8_kernel.h")
 )
 ROOFLINE_SOURCE = Path(__file__).with_name("roofline.c")
 ISA_CODES = {"auto": 0, "avx2": 1, "avx512": 2}  # blas_route.c's adaspec_kernel_isa
