@@ -54,6 +54,7 @@ CASES = [  # heads, kv_heads, q_len, k_len, score scale: SmolLM2 9/3, Qwen 14/2,
     (14, 2, 3, 5000, 2.0),
     (14, 2, 16, 300, 2.0),  # 32 folded rows: the routed kernel's limit
     (14, 2, 20, 300, 2.0),  # 40 rows: one GEMM per query head
+    (14, 2, 7, 300, 2.0),  # 4 heads a GEMM: calls of 4 and 3 query heads
     (4, 4, 40, 100, 2.0),  # a prefill chunk past the routed kernel's rows
     (8, 1, 5, 77, 30.0),  # scores far apart: exp(x - max) below -88 gives 0
 ]
@@ -65,7 +66,8 @@ def test_attention_core_has_mlx_bits(heads, kv_heads, q_len, k_len, scale) -> No
     for mask in (None, "causal") if q_len > 1 else (None,):
         ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=64**-0.5, mask=mask)
         assert same_bits(attention.sdpa(q, k, v, scale=64**-0.5, mask=mask), ref)
-        for fold in (False, True) if q_len * heads // kv_heads <= blas.KERNEL_ROWS else (False,):
+        rep = heads // kv_heads  # every number of query heads per GEMM the routed kernel serves
+        for fold in [f for f in range(1, rep + 1) if f == 1 or f * q_len <= blas.KERNEL_ROWS]:
             out = core().attention_core(q, k, v, 64**-0.5, mask == "causal", fold)
             assert same_bits(out, ref), (mask, fold)
 
@@ -82,11 +84,14 @@ def test_sdpa_is_one_graph_node() -> None:
 def test_bad_shapes_are_refused_with_what_is_accepted() -> None:
     q, k, v = qkv(2, 9, 3, 4, 30)
     with pytest.raises(ValueError, match="Hq a multiple of Hk"):
-        core().attention_core(q, k[:, :2], v[:, :2], 0.1, False, False)
+        core().attention_core(q, k[:, :2], v[:, :2], 0.1, False, 1)
     with pytest.raises(ValueError, match="rank 4"):
-        core().attention_core(q[0], k, v, 0.1, False, False)
+        core().attention_core(q[0], k, v, 0.1, False, 1)
     with pytest.raises(ValueError, match="at least as many keys"):
-        core().attention_core(*qkv(3, 9, 3, 8, 4), 0.1, True, False)
+        core().attention_core(*qkv(3, 9, 3, 8, 4), 0.1, True, 1)
+    for fold in (0, 4):  # SmolLM2's 9 query heads on 3 KV heads: 1 to 3 per GEMM
+        with pytest.raises(ValueError, match=f"fold {fold}; accepted: 1 to 3 query heads"):
+            core().attention_core(q, k, v, 0.1, False, fold)
 
 
 def test_without_a_compiler_attention_is_mlx_own(tmp_path, monkeypatch) -> None:
@@ -180,7 +185,7 @@ def _rope_call(c, q, k, rows=1, offset=None):
     cos, sin = mx.ones((m, 32)), mx.zeros((m, 32))
     offset = c.offset if offset is None else offset
     return core().rope_attention_cache(
-        q, k, k, cos, sin, 64, 9, 3, [c.keys], [c.values], [rows], [offset], [True], 0.1
+        q, k, k, cos, sin, 64, 9, 3, [c.keys], [c.values], [rows], [offset], [3], 0.1
     )
 
 
@@ -237,7 +242,7 @@ def test_gradients_through_the_native_nodes_are_mlx_ones():
 
         def ours(q, k, v, mask=mask, causal=causal):
             m = None if causal else mask
-            return (core().attention_core(q, k, v, 0.125, causal, True, m) * w).sum()
+            return (core().attention_core(q, k, v, 0.125, causal, 3, m) * w).sum()
 
         def stock(q, k, v, mask=mask):
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
@@ -371,7 +376,7 @@ def test_decoder_layer_refuses_what_it_cannot_compute():
     def call(weights=ws, biases=[None] * 7, x=x, offset=0, cos=cos):
         return core().decoder_layer(
             x, norm, norm, 1e-5, 1e-5, weights, biases, cos, cos, 16, 4, 2, [kb], [kb], [2],
-            [offset], [False], 0.25,
+            [offset], [1], 0.25,
         )  # fmt: skip
 
     mx.eval(call())

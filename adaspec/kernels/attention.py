@@ -18,12 +18,15 @@ import mlx.core as mx
 from . import blas, jit
 
 
-def folds(rows: int, k_len: int, head_dim: int) -> bool:
-    """Whether a GQA call may run its query heads as the rows of one GEMM per KV head with the
-    same bits as one GEMM per query head: only on the routed kernel, whose result for a row is
-    the same whatever the number of rows, within the rows it serves (blas.KERNEL_ROWS; for
-    scores @ V also within the size of B it keeps on its non-transposed path)."""
-    return rows <= blas.KERNEL_ROWS and k_len * head_dim <= blas.NN_MAX_ELEMENTS and blas.routed()
+def fold(rep: int, rows: int, k_len: int, head_dim: int) -> int:
+    """How many of a KV head's `rep` query heads (each `rows` query rows) one GEMM may take as
+    its rows with the same bits as one GEMM per query head: on the routed kernel, whose result
+    for a row is the same whatever the number of rows within the rows it serves
+    (blas.KERNEL_ROWS; for scores @ V also within the size of B it keeps on its non-transposed
+    path), as many as fit in those rows; elsewhere 1."""
+    if rows > blas.KERNEL_ROWS or k_len * head_dim > blas.NN_MAX_ELEMENTS or not blas.routed():
+        return 1
+    return max(1, min(rep, blas.KERNEL_ROWS // rows))
 
 
 def enabled() -> bool:
@@ -68,9 +71,9 @@ def sdpa(
     if core is None:
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
     n_q, n_kv, rows = queries.shape[1], keys.shape[1], queries.shape[2]
-    fold = n_q > n_kv and folds(n_q // n_kv * rows, keys.shape[-2], keys.shape[-1])
+    heads = fold(n_q // n_kv, rows, keys.shape[-2], keys.shape[-1])
     array_mask = mask if isinstance(mask, mx.array) else None
-    return core.attention_core(queries, keys, values, scale, mask == "causal", fold, array_mask)
+    return core.attention_core(queries, keys, values, scale, mask == "causal", heads, array_mask)
 
 
 def scaled_dot_product_attention(

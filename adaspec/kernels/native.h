@@ -93,10 +93,10 @@ struct Out {  // where a head's output rows go: o + head * sh + row * sr
 
 // Every KV head of batch row b against keys 0..S of k and v, query rows l0 .. l0 + n of q:
 // as adaspec's attention computes them (the query scaled, q @ k^T, the causal or array mask,
-// softmax, @ v), with the query heads of a KV head as the rows of one GEMM when `fold`, else
-// one query head at a time; output rows stored through `out` (native_attention.cpp).
+// softmax, @ v), with `fold` query heads of a KV head as the rows of one GEMM (1: one query
+// head at a time); output rows stored through `out` (native_attention.cpp).
 void heads(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
-           float scale, bool causal, const Mask* mask, bool fold, int b, const Out& out);
+           float scale, bool causal, const Mask* mask, int fold, int b, const Out& out);
 
 inline void check_last_axis(const std::vector<array>& in) {
   for (auto& a : in)
@@ -130,7 +130,7 @@ struct Copy {
 // its rows' attention against keys 0 .. offset + rows, output rows through `o`.
 struct CacheJob {
   std::vector<int> first, rows, offsets;
-  std::vector<bool> fold;
+  std::vector<int> fold;
   float scale;
   Rope rope;
   int hq, hk, m, d, dv;
@@ -149,18 +149,21 @@ struct CacheJob {
 void take_buffers(CacheJob& job, const std::vector<array>& in, size_t at,
                   std::vector<array>& outs);
 void run_cache_job(const CacheJob& j);
-// What every cache node checks (one buffer pair, row count, offset and fold flag per sequence,
+// What every cache node checks (one buffer pair, row count, offset and fold per sequence,
 // each with room for its rows, the rows adding up to m): appends the buffers to `inputs` and
 // their shapes to `shapes`; returns each sequence's first row.
 std::vector<int> cache_inputs(const char* what, std::vector<array>& inputs,
-                              std::vector<Shape>& shapes, int m, int hk, int d, int dv,
+                              std::vector<Shape>& shapes, int m, int hq, int hk, int d, int dv,
                               const std::vector<array>& kbufs, const std::vector<array>& vbufs,
                               const std::vector<int>& rows, const std::vector<int>& offsets,
-                              const std::vector<bool>& fold);
+                              const std::vector<int>& fold);
+
+// An error naming `fold` unless it is 1 to hq / hk query heads per GEMM.
+void check_fold(const char* what, int fold, int hq, int hk);
 
 // The primitives' constructors, as native_module.cpp binds them.
 array attention_core(const array& q, const array& k, const array& v, float scale, bool causal,
-                     bool fold, const std::optional<array>& mask, StreamOrDevice s);
+                     int fold, const std::optional<array>& mask, StreamOrDevice s);
 std::vector<array> rope_attention_cache(const array& q, const array& k, const array& v,
                                         const array& cos, const array& sin, int dims,
                                         int n_heads, int n_kv_heads,
@@ -168,7 +171,7 @@ std::vector<array> rope_attention_cache(const array& q, const array& k, const ar
                                         const std::vector<array>& vbufs,
                                         const std::vector<int>& rows,
                                         const std::vector<int>& offsets,
-                                        const std::vector<bool>& fold, float scale,
+                                        const std::vector<int>& fold, float scale,
                                         StreamOrDevice s);
 std::vector<array> linears(const array& x, const std::vector<array>& weights,
                            const std::vector<std::optional<array>>& biases, StreamOrDevice s);
@@ -178,7 +181,7 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
                                  const array& cos, const array& sin, int dims, int n_heads,
                                  int n_kv_heads, const std::vector<array>& kbufs,
                                  const std::vector<array>& vbufs, const std::vector<int>& rows,
-                                 const std::vector<int>& offsets, const std::vector<bool>& fold,
+                                 const std::vector<int>& offsets, const std::vector<int>& fold,
                                  float scale, StreamOrDevice s);
 array stored_rows(const array& ids, const array& table, int type, int n, int k,
                   int64_t row_bytes, StreamOrDevice s);

@@ -80,7 +80,7 @@ void head(const Shape4& d, int l0, int n, const View& q, const View& k, const Vi
 
 class AttentionCore : public Primitive {
  public:
-  AttentionCore(Stream s, float scale, bool causal, bool fold)
+  AttentionCore(Stream s, float scale, bool causal, int fold)
       : Primitive(s), scale_(scale), causal_(causal), fold_(fold) {}
 
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
@@ -100,7 +100,8 @@ class AttentionCore : public Primitive {
     }
     float* o = out.data<float>();
     float scale = scale_;
-    bool causal = causal_, fold = fold_;
+    bool causal = causal_;
+    int fold = fold_;
     auto& enc = cpu::get_command_encoder(stream());
     for (auto& a : in) enc.set_input_array(a);
     enc.set_output_array(out);
@@ -135,27 +136,31 @@ class AttentionCore : public Primitive {
 
  private:
   float scale_;
-  bool causal_, fold_;
+  bool causal_;
+  int fold_;
 };
 
 }  // namespace
 
 void heads(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
-           float scale, bool causal, const Mask* mask, bool fold, int b, const Out& out) {
+           float scale, bool causal, const Mask* mask, int fold, int b, const Out& out) {
   std::vector<float> qs, sc, res;
   int rep = d.Hq / d.Hk;
-  for (int h = 0; h < d.Hk; h++) {
-    if (fold) {
-      head(d, l0, n, q, k, v, scale, causal, mask, b, h, 0, rep, out, qs, sc, res);
-    } else {
-      for (int r = 0; r < rep; r++)
-        head(d, l0, n, q, k, v, scale, causal, mask, b, h, r, 1, out, qs, sc, res);
-    }
-  }
+  for (int h = 0; h < d.Hk; h++)
+    for (int r = 0; r < rep; r += fold)
+      head(d, l0, n, q, k, v, scale, causal, mask, b, h, r, std::min(fold, rep - r), out, qs, sc,
+           res);
+}
+
+void check_fold(const char* what, int fold, int hq, int hk) {
+  if (fold < 1 || fold > hq / hk)
+    throw std::invalid_argument(std::string(what) + ": fold " + std::to_string(fold) +
+                                "; accepted: 1 to " + std::to_string(hq / hk) +
+                                " query heads per GEMM");
 }
 
 array attention_core(const array& q, const array& k, const array& v, float scale, bool causal,
-                     bool fold, const std::optional<array>& mask, StreamOrDevice s) {
+                     int fold, const std::optional<array>& mask, StreamOrDevice s) {
   for (auto* a : {&q, &k, &v})
     if (a->ndim() != 4 || a->dtype() != float32)
       throw std::invalid_argument("attention_core: accepted: fp32 arrays of rank 4");
@@ -163,6 +168,7 @@ array attention_core(const array& q, const array& k, const array& v, float scale
       q.shape(3) != k.shape(3) || q.shape(0) != k.shape(0) || v.shape(1) != k.shape(1))
     throw std::invalid_argument("attention_core: accepted: q [B,Hq,L,D], k [B,Hk,S,D], "
                                 "v [B,Hk,S,Dv] with Hq a multiple of Hk");
+  check_fold("attention_core", fold, q.shape(1), k.shape(1));
   if (causal && q.shape(2) > k.shape(2))
     throw std::invalid_argument("attention_core: causal needs at least as many keys as rows");
   std::vector<array> inputs{q, k, v};

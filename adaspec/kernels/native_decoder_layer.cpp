@@ -45,7 +45,7 @@ class DecoderLayer : public Primitive {
  public:
   DecoderLayer(Stream s, std::vector<bool> bias, float eps1, float eps2, float scale,
                std::vector<int> first, std::vector<int> rows, std::vector<int> offsets,
-               std::vector<bool> fold, Rope rope)
+               std::vector<int> fold, Rope rope)
       : Primitive(s), bias_(bias), eps1_(eps1), eps2_(eps2), scale_(scale), first_(first),
         rows_(rows), offsets_(offsets), fold_(fold), rope_(rope) {}
 
@@ -120,7 +120,7 @@ class DecoderLayer : public Primitive {
   std::vector<bool> bias_;
   float eps1_, eps2_, scale_;
   std::vector<int> first_, rows_, offsets_;
-  std::vector<bool> fold_;
+  std::vector<int> fold_;
   Rope rope_;
 };
 
@@ -133,7 +133,7 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
                                  const array& cos, const array& sin, int dims, int n_heads,
                                  int n_kv_heads, const std::vector<array>& kbufs,
                                  const std::vector<array>& vbufs, const std::vector<int>& rows,
-                                 const std::vector<int>& offsets, const std::vector<bool>& fold,
+                                 const std::vector<int>& offsets, const std::vector<int>& fold,
                                  float scale, StreamOrDevice s) {
   auto bad = [](const char* what) {
     return std::invalid_argument(std::string("decoder_layer: accepted: ") + what);
@@ -179,7 +179,7 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
   inputs.push_back(cos);
   inputs.push_back(sin);
   std::vector<Shape> shapes{x.shape()};
-  auto first = cache_inputs("decoder_layer", inputs, shapes, m, n_kv_heads, d, dv, kbufs, vbufs,
+  auto first = cache_inputs("decoder_layer", inputs, shapes, m, n_heads, n_kv_heads, d, dv, kbufs, vbufs,
                             rows, offsets, fold);
   auto node = std::make_shared<DecoderLayer>(to_stream(s), has, static_cast<float>(eps1),
                                              static_cast<float>(eps2), scale, first, rows,

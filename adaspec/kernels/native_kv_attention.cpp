@@ -49,7 +49,7 @@ bool donatable(const array& a, size_t outputs) {
 class AttentionCache : public Primitive {
  public:
   AttentionCache(Stream s, float scale, std::vector<int> first, std::vector<int> rows,
-                 std::vector<int> offsets, std::vector<bool> fold, Rope rope)
+                 std::vector<int> offsets, std::vector<int> fold, Rope rope)
       : Primitive(s), scale_(scale), first_(first), rows_(rows), offsets_(offsets),
         fold_(fold), rope_(rope) {}
 
@@ -88,7 +88,7 @@ class AttentionCache : public Primitive {
  private:
   float scale_;
   std::vector<int> first_, rows_, offsets_;
-  std::vector<bool> fold_;
+  std::vector<int> fold_;
   Rope rope_;
 };
 
@@ -150,18 +150,19 @@ void run_cache_job(const CacheJob& j) {
 }
 
 std::vector<int> cache_inputs(const char* what, std::vector<array>& inputs,
-                              std::vector<Shape>& shapes, int m, int hk, int d, int dv,
+                              std::vector<Shape>& shapes, int m, int hq, int hk, int d, int dv,
                               const std::vector<array>& kbufs, const std::vector<array>& vbufs,
                               const std::vector<int>& rows, const std::vector<int>& offsets,
-                              const std::vector<bool>& fold) {
+                              const std::vector<int>& fold) {
   size_t n = rows.size();
   if (n == 0 || kbufs.size() != n || vbufs.size() != n || offsets.size() != n ||
       fold.size() != n)
     throw std::invalid_argument(std::string(what) + ": accepted: one key buffer, value buffer, "
-                                "row count, offset and fold flag per sequence");
+                                "row count, offset and fold per sequence");
   std::vector<int> first;
   int at = 0;
   for (size_t i = 0; i < n; i++) {
+    check_fold(what, fold[i], hq, hk);
     auto &kb = kbufs[i], &vb = vbufs[i];
     bool ok = kb.ndim() == 4 && vb.ndim() == 4 && kb.dtype() == float32 &&
               vb.dtype() == float32 && kb.shape(0) == 1 && vb.shape(0) == 1 &&
@@ -190,7 +191,7 @@ std::vector<array> rope_attention_cache(const array& q, const array& k, const ar
                                         const std::vector<array>& vbufs,
                                         const std::vector<int>& rows,
                                         const std::vector<int>& offsets,
-                                        const std::vector<bool>& fold, float scale,
+                                        const std::vector<int>& fold, float scale,
                                         StreamOrDevice s) {
   if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || kbufs.empty() || vbufs.empty())
     throw std::invalid_argument("rope_attention_cache: accepted: Hq a multiple of Hk, and "
@@ -209,7 +210,7 @@ std::vector<array> rope_attention_cache(const array& q, const array& k, const ar
                                 "v [1,M,Hk*Dv], cos and sin [M, dims/2], even dims <= D");
   std::vector<array> inputs{q, k, v, cos, sin};
   std::vector<Shape> shapes{{1, m, n_heads * dv}};
-  auto first = cache_inputs("rope_attention_cache", inputs, shapes, m, n_kv_heads, d, dv, kbufs,
+  auto first = cache_inputs("rope_attention_cache", inputs, shapes, m, n_heads, n_kv_heads, d, dv, kbufs,
                             vbufs, rows, offsets, fold);
   std::vector<Dtype> dtypes(shapes.size(), float32);
   auto node = std::make_shared<AttentionCache>(to_stream(s), scale, first, rows, offsets, fold,

@@ -86,13 +86,11 @@ def _solo(attn: Any, x: mx.array, mask: Any, cache: Any) -> tuple[mx.array, mx.a
 
 def _offsets_and_folds(
     attn: Any, caches: list[Any], rows: list[int]
-) -> tuple[list[int], list[bool]]:
-    """The caches' offsets, and whether each sequence's attention folds its query heads"""
+) -> tuple[list[int], list[int]]:
+    """The caches' offsets, and how many query heads each sequence's attention GEMMs take"""
     rep, dim = attn.n_heads // attn.n_kv_heads, caches[0].keys.shape[-1]
     offsets = [c.offset for c in caches]
-    return offsets, [
-        rep > 1 and attention.folds(rep * n, o + n, dim) for o, n in zip(offsets, rows)
-    ]
+    return offsets, [attention.fold(rep, n, o + n, dim) for o, n in zip(offsets, rows)]
 
 
 def _advance(caches: list[Any], buffers: list[mx.array], rows: list[int]) -> None:
