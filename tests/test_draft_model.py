@@ -250,6 +250,32 @@ def test_mismatched_tokenizer_is_refused_naming_both_sizes():
         DraftLM(DRAFTS["llama", 258], VocabOnly(bigger), info)
 
 
+class CountedVocab(VocabOnly):
+    reads = 0
+
+    def get_vocab(self) -> dict[str, int]:
+        self.reads += 1
+        return super().get_vocab()
+
+
+def test_a_pair_of_tokenizers_is_read_once_when_it_agrees():
+    from adaspec.drafters import draft_model
+
+    info = target_info(TARGETS["llama"], TOK)
+    same, shifted = CountedVocab(TOK.get_vocab()), CountedVocab({"a": 1, "b": 0})
+    for _ in range(3):
+        DraftLM(DRAFTS["llama", 258], same, info)
+        with pytest.raises(DrafterMismatchError):
+            DraftLM(DRAFTS["llama", 258], shifted, info)
+    assert (same.reads, shifted.reads) == (1, 3)  # a refusal is never remembered
+    kept = [CountedVocab(TOK.get_vocab()) for _ in range(draft_model.AGREEING_KEPT + 1)]
+    for tok in kept:
+        DraftLM(DRAFTS["llama", 258], tok, info)
+    assert len(draft_model._AGREEING) == draft_model.AGREEING_KEPT  # the oldest pairs go
+    DraftLM(DRAFTS["llama", 258], kept[0], info)
+    assert kept[0].reads == 2
+
+
 def test_without_tokenizers_the_row_counts_must_match():
     small = tiny_model("llama", vocab=12, seed=2)
     with pytest.raises(DrafterMismatchError, match="12 embedding rows, the target 260 rows"):
