@@ -556,23 +556,33 @@ static void QFN(fused_tile)(int type, int mr, int nr, int K, const float *A, lon
 #undef FUSED_TYPE
 }
 
+/* Rows of A above MR that a K-quant (256-value super-blocks) still widens in registers, MR
+ * rows at a time on the same tile of B, rather than through a scratch tile: the scratch tile
+ * (NR rows of K floats) and MR rows of A overflow L1 from K = 1536 on, and widening a K-quant
+ * again costs less than that (Qwen2.5-Coder-1.5B, Q4_K and Q6_K, whole forwards: 5 rows 91 ->
+ * 73 ms, 8 rows 108 -> 93, 12 rows 147 -> 138; 16 rows level, 32 slower). SmolLM2's Q4_1
+ * (K = 576, 1536) measured level or slower widened again (8 rows 11.5 -> 14.2 ms). */
+#define FUSED_MAX_M 12
+
 /* one thread's share: all M rows of A against rows [0, N) of B stored as `type`. Up to MR
- * rows of A (a decode step, a short verify) the values are widened in registers (the fused
- * tile); more rows share one widening of NR rows of B into a scratch tile that the fp32
- * kernel's tile reads for every group of A's rows. */
+ * rows of A (a decode step, a short verify; a K-quant up to FUSED_MAX_M, MR at a time) the
+ * values are widened in registers (the fused tile); more rows share one widening of NR rows
+ * of B into a scratch tile that the fp32 kernel's tile reads for every group of A's rows. */
 static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int lda,
                              const unsigned char *B, int type, long row_bytes, float be,
                              float *C, int ldc) {
-  float *s = M > MR ? scratch_tile(NR * (long)K) : 0;
-  if (M > MR && !s) abort(); /* out of memory for a few rows of floats */
+  int fused = M <= MR || (M <= FUSED_MAX_M && block_elems(type) == 256);
+  float *s = !fused ? scratch_tile(NR * (long)K) : 0;
+  if (!fused && !s) abort(); /* out of memory for a few rows of floats */
   FP32FN(ahead_t) none = {0, 0, K, 0, 0};
   const int ns = M <= MR ? NR_OF(M) : NR;
   for (int n = 0; n < N; n += ns) {
     int nr = N - n < ns ? N - n : ns;
     const unsigned char *rows = B + (long)n * row_bytes;
-    if (M <= MR) { /* the tile streams its own rows and the next tile's (FUSED_UNIT) */
-      QFN(fused_tile)(type, M, nr, K, A, lda, rows, row_bytes, B + N * row_bytes, al, be, C + n,
-                      ldc);
+    if (fused) { /* the tile streams its own rows and the next tile's (FUSED_UNIT) */
+      for (int m = 0; m < M; m += MR)
+        QFN(fused_tile)(type, M - m < MR ? M - m : MR, nr, K, A + (long)m * lda, lda, rows,
+                        row_bytes, B + N * row_bytes, al, be, C + (long)m * ldc + n, ldc);
       continue;
     }
     /* the next tile's bytes into L1 while this one is widened and multiplied */
@@ -592,6 +602,7 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
 #undef NR2
 #undef NRF
 #undef NR_OF
+#undef FUSED_MAX_M
 #undef IF_DEC64_q8_0
 #undef IF_DEC64_q4_0
 #undef IF_DEC64_q4_1
