@@ -137,7 +137,7 @@ def test_gemm_on_blocks_equals_the_fp32_kernel_on_the_expansion(type_name, isa):
     if elems == 1:
         raw = half(rng.integers(0x3000, 0x3C00, n * k)).reshape(n, -1)
     expansion = stored.values(type_name, raw, k, vector=False)
-    for m in (1, 2, 3, 4, 5, 7, 8, 12, 13, 16, 32):  # a K-quant's rows in fours up to 12
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 32):  # K-quants: one tile to 7, fours to 12
         a = rng.standard_normal((m, k)).astype(np.float32)
         c0 = rng.standard_normal((m, n)).astype(np.float32)
         for beta in (0.0, 1.0):

@@ -32,7 +32,17 @@
 #define NR2 NR
 #endif
 #define NRF (NR1 > NR2 ? (NR1 > NR ? NR1 : NR) : (NR2 > NR ? NR2 : NR))
-#define NR_OF(r) ((r) == 1 ? NR1 : (r) == 2 ? NR2 : NR)
+/* rows of A a fused tile takes at most (FMR) and its rows of B above MR rows of A (FNR): 7 x 3
+ * accumulators of 16 lanes leave registers for a row of B's values (AVX2's 16 registers
+ * do not hold more than MR x NR) */
+#if W == 16
+#define FMR 7
+#define FNR 3
+#else
+#define FMR MR
+#define FNR NR
+#endif
+#define NR_OF(r) ((r) == 1 ? NR1 : (r) == 2 ? NR2 : (r) <= MR ? NR : FNR)
 #ifndef PF_AHEAD
 #define PF_AHEAD 1 /* tiles of B rows ahead that a scratch tile prefetches */
 #endif
@@ -483,7 +493,7 @@ DECODER(bf16) {
   static inline __attribute__((always_inline)) void QFN(fused_##name)(                      \
       int mr, int nr, int K, const float *A, long lda, const unsigned char *B, long rb,     \
       const unsigned char *lim, float al, float be, float *C, long ldc) {                   \
-    VEC acc[MR][NRF];                                                                       \
+    VEC acc[FMR][NRF];                                                                      \
     for (int i = 0; i < mr; i++)                                                            \
       for (int j = 0; j < nr; j++) acc[i][j] = VZERO();                                     \
     QFN(scales_t) sc[NRF];                                                                  \
@@ -510,7 +520,7 @@ DECODER(bf16) {
   }
 #define FUSED_CASE(name, r, c)                                                              \
   case (r) * 16 + (c):                                                                      \
-    if ((r) <= MR && (c) <= NR_OF(r))                                                       \
+    if ((r) <= FMR && (c) <= NR_OF(r))                                                      \
       QFN(fused_##name)(r, c, K, A, lda, B, rb, lim, al, be, C, ldc);                       \
     break;
 #define FUSED_ROW(name, r)                                                                  \
@@ -518,8 +528,10 @@ DECODER(bf16) {
 #define FUSED_WIDE(name, r)                                                                 \
   FUSED_ROW(name, r) FUSED_CASE(name, r, 5) FUSED_CASE(name, r, 6) FUSED_CASE(name, r, 7)   \
   FUSED_CASE(name, r, 8)
+#define FUSED_ROWS3(name, r) FUSED_CASE(name, r, 1) FUSED_CASE(name, r, 2) FUSED_CASE(name, r, 3)
 #define FUSED_CASES(name)                                                                   \
-  FUSED_WIDE(name, 1) FUSED_WIDE(name, 2) FUSED_ROW(name, 3) FUSED_ROW(name, 4)
+  FUSED_WIDE(name, 1) FUSED_WIDE(name, 2) FUSED_ROW(name, 3) FUSED_ROW(name, 4)              \
+  FUSED_ROWS3(name, 5) FUSED_ROWS3(name, 6) FUSED_ROWS3(name, 7)
 
 STORED_TYPE(q8_0)
 STORED_TYPE(q4_0)
@@ -546,7 +558,7 @@ static void QFN(dequant_row)(int type, const unsigned char *row, float *out, int
 #undef ROW_CASE
 }
 
-/* rows [0, mr) of A (mr <= MR) against rows [0, nr) of stored B, widened in registers */
+/* rows [0, mr) of A (mr <= FMR) against rows [0, nr) of stored B, widened in registers */
 static void QFN(fused_tile)(int type, int mr, int nr, int K, const float *A, long lda,
                             const unsigned char *B, long rb, const unsigned char *lim,
                             float al, float be, float *C, long ldc) {
@@ -556,16 +568,18 @@ static void QFN(fused_tile)(int type, int mr, int nr, int K, const float *A, lon
 #undef FUSED_TYPE
 }
 
-/* Rows of A above MR that a K-quant (256-value super-blocks) still widens in registers, MR
- * rows at a time on the same tile of B, rather than through a scratch tile: the scratch tile
- * (NR rows of K floats) and MR rows of A overflow L1 from K = 1536 on, and widening a K-quant
- * again costs less than that (Qwen2.5-Coder-1.5B, Q4_K and Q6_K, whole forwards: 5 rows 91 ->
- * 73 ms, 8 rows 108 -> 93, 12 rows 147 -> 138; 16 rows level, 32 slower). SmolLM2's Q4_1
- * (K = 576, 1536) measured level or slower widened again (8 rows 11.5 -> 14.2 ms). */
+/* Rows of A above MR that a K-quant (256-value super-blocks) still widens in registers, in one
+ * tile of up to FMR rows (FNR rows of B), else MR rows at a time on the same tile of B, rather
+ * than through a scratch tile: the scratch tile (NR rows of K floats) and MR rows of A
+ * overflow L1 from K = 1536 on, and widening a K-quant again costs less than that
+ * (Qwen2.5-Coder-1.5B, Q4_K and Q6_K, whole forwards against the scratch tile: 5 rows 92 ->
+ * 58 ms, 6 rows 96 -> 69, 8 rows 111 -> 95 (twice 4 rows: one tile of 8 rows measured 101),
+ * 12 rows 149 -> 140; 16 rows level, 32 slower). SmolLM2's Q4_1 (K = 576, 1536) measured
+ * level or slower widened again (8 rows 11.5 -> 14.2 ms). */
 #define FUSED_MAX_M 12
 
 /* one thread's share: all M rows of A against rows [0, N) of B stored as `type`. Up to MR
- * rows of A (a decode step, a short verify; a K-quant up to FUSED_MAX_M, MR at a time) the
+ * rows of A (a decode step, a short verify; a K-quant up to FUSED_MAX_M) the
  * values are widened in registers (the fused tile); more rows share one widening of NR rows
  * of B into a scratch tile that the fp32 kernel's tile reads for every group of A's rows. */
 static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int lda,
@@ -575,13 +589,14 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
   float *s = !fused ? scratch_tile(NR * (long)K) : 0;
   if (!fused && !s) abort(); /* out of memory for a few rows of floats */
   FP32FN(ahead_t) none = {0, 0, K, 0, 0};
-  const int ns = M <= MR ? NR_OF(M) : NR;
+  const int g = M <= FMR ? M : MR; /* rows of A per fused tile */
+  const int ns = M <= MR ? NR_OF(M) : fused ? NR_OF(g) : NR;
   for (int n = 0; n < N; n += ns) {
     int nr = N - n < ns ? N - n : ns;
     const unsigned char *rows = B + (long)n * row_bytes;
     if (fused) { /* the tile streams its own rows and the next tile's (FUSED_UNIT) */
-      for (int m = 0; m < M; m += MR)
-        QFN(fused_tile)(type, M - m < MR ? M - m : MR, nr, K, A + (long)m * lda, lda, rows,
+      for (int m = 0; m < M; m += g)
+        QFN(fused_tile)(type, M - m < g ? M - m : g, nr, K, A + (long)m * lda, lda, rows,
                         row_bytes, B + N * row_bytes, al, be, C + (long)m * ldc + n, ldc);
       continue;
     }
@@ -602,6 +617,8 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
 #undef NR2
 #undef NRF
 #undef NR_OF
+#undef FMR
+#undef FNR
 #undef FUSED_MAX_M
 #undef IF_DEC64_q8_0
 #undef IF_DEC64_q4_0
