@@ -89,3 +89,34 @@ def test_compare_to_ar_reports_identical_tokens_and_rates():
     assert len(sampled.tokens) > 0 and len(sampled.ar_tokens) > 0
     assert 0 <= sampled.stats["accepted"] <= sampled.stats["drafted"]
     assert sampled.speedup == sampled.spec_tok_s / sampled.ar_tok_s
+
+
+def test_a_new_generation_starts_from_what_the_last_one_on_the_model_measured(tokenizer):
+    """Without a prompt cache, the second generation with the same drafter and settings starts
+    from the first one's plain-step time (no burst of plain steps to time decoding); another
+    drafter spec or other settings start afresh; the tokens are the same either way."""
+    from adaspec.settings import from_env
+
+    model = tiny_model("llama", seed=11)
+    ar = adaspec.generate(model, tokenizer, PROMPT, max_tokens=30)
+
+    def stats(drafter, settings=None):
+        rs = list(adaspec.stream_generate(
+            model, tokenizer, PROMPT, max_tokens=30, drafter=drafter, settings=settings
+        ))  # fmt: skip
+        assert "".join(r.text for r in rs) == ar
+        return rs[-1].stats
+
+    assert stats("pld").measure_steps == 4
+    assert stats("pld").measure_steps == 0
+    assert stats("pld:min_ngram=2").measure_steps == 4  # another spec: its own
+    other = from_env({"ADASPEC_DRAFT_MAX": "8"})
+    assert stats("pld", other).measure_steps == 4  # other settings: their own
+    assert stats("pld", other).measure_steps == 0
+    assert id(model) in adaspec.api._LATEST
+    key = id(model)
+    del model
+    import gc
+
+    gc.collect()
+    assert key not in adaspec.api._LATEST  # forgotten with the model

@@ -4,6 +4,7 @@ against, the arm scheduler (ranking, holds) and the arms' estimates (draft lengt
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -73,6 +74,15 @@ class GatedPolicy:
         self.lifts = 0
         self.names: list[str] = []
         self._config = asdict(self.cfg)  # the config is frozen: summary() reports it per step
+
+    def adopt(self, other: GatedPolicy) -> None:
+        """Start from what `other` measured (the plain-step time, the arms' estimates and their
+        names), copied: a policy for the next independent generation on the same target and
+        drafter, as a reused policy would (`start` keeps them when the arms are the same)."""
+        self.clock = copy.deepcopy(other.clock)
+        self.estimates = copy.deepcopy(other.estimates)
+        self.arms = ArmScheduler(self.estimates, self.cfg.holds, self.cfg.probe, self.cfg.free_cost)
+        self.names = list(other.names)
 
     def start(self, arms: Sequence[str]) -> None:
         """A generation begins. Gates, floors and counters start afresh; what was measured of
