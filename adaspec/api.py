@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import time
-import weakref
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -20,6 +19,7 @@ from .errors import DrafterMismatchError, GenerationArgumentError
 from .loop.controller import DecodeConfig, Decoder, TokenEvent, decode
 from .loop.plan import NeverSpeculate, SpecPolicy
 from .loop.stats import GenerationStats, StepStats
+from .policy.latest import continued
 from .sampling_params import SamplingParams
 
 
@@ -129,32 +129,6 @@ def default_policy(arms: Sequence[DraftModel], settings: settings_mod.Settings) 
     from .policy.adaptive import GatedPolicy, PolicyConfig
 
     return GatedPolicy(PolicyConfig.from_settings(settings))
-
-
-# per model (by id, with a weak reference to it): the default policy of its latest generation
-# per drafter spec and settings (the arithmetic, the gates, the drafters' weights ...). A new generation without a prompt cache
-# starts from a copy of what that one measured (the plain-step time, the arms' acceptance and
-# costs) instead of priors and a burst of plain steps to time decoding.
-_LATEST: dict[int, tuple[weakref.ref, dict[tuple, SpecPolicy]]] = {}
-
-
-def learning_policy(
-    model: Any, drafter: Drafters, arms: Sequence[DraftModel], settings: settings_mod.Settings
-) -> SpecPolicy:
-    """default_policy, started from the latest one of a generation on `model` with the same
-    drafter spec (a string) and settings; remembered for the next one."""
-    policy = default_policy(arms, settings)
-    if not isinstance(drafter, str) or not hasattr(policy, "adopt"):
-        return policy
-    key = (drafter, settings.model_dump_json())
-    ref, latest = _LATEST.get(id(model), (None, {}))
-    if ref is None or ref() is not model:
-        latest = {}
-        _LATEST[id(model)] = (weakref.ref(model, lambda _, i=id(model): _LATEST.pop(i, None)), latest)
-    if key in latest:
-        cast(Any, policy).adopt(latest[key])
-    latest[key] = policy
-    return policy
 
 
 def _find_stop(text: str, stop: Sequence[str], since: int) -> int | None:
@@ -293,7 +267,9 @@ def start_decoder(
         tree_nodes=0 if shared_forward else settings.tree_cap,
         overlap_draft=settings.overlap_draft,
     )
-    pol = policy or (pc.policy if pc else learning_policy(model, drafter, arms, settings))
+    pol = policy or (pc.policy if pc else None)
+    if pol is None:  # from what the latest generation like this one measured
+        pol = continued(model, drafter, settings, default_policy(arms, settings))
     held = pc.tokens if pc else ()
     decoder = Decoder(target, arms, cfg, pol, np.random.default_rng(seed), held=held)
     return decoder, ids

@@ -95,28 +95,31 @@ def test_a_new_generation_starts_from_what_the_last_one_on_the_model_measured(to
     """Without a prompt cache, the second generation with the same drafter and settings starts
     from the first one's plain-step time (no burst of plain steps to time decoding); another
     drafter spec or other settings start afresh; the tokens are the same either way."""
+    from adaspec.policy import latest
     from adaspec.settings import from_env
 
     model = tiny_model("llama", seed=11)
     ar = adaspec.generate(model, tokenizer, PROMPT, max_tokens=30)
 
-    def stats(drafter, settings=None):
-        rs = list(adaspec.stream_generate(
-            model, tokenizer, PROMPT, max_tokens=30, drafter=drafter, settings=settings
-        ))  # fmt: skip
+    def stats(model, drafter, settings=None):
+        rs = list(
+            adaspec.stream_generate(
+                model, tokenizer, PROMPT, max_tokens=30, drafter=drafter, settings=settings
+            )
+        )
         assert "".join(r.text for r in rs) == ar
         return rs[-1].stats
 
-    assert stats("pld").measure_steps == 4
-    assert stats("pld").measure_steps == 0
-    assert stats("pld:min_ngram=2").measure_steps == 4  # another spec: its own
+    assert stats(model, "pld").measure_steps == 4
+    assert stats(model, "pld").measure_steps == 0
+    assert stats(model, "pld:min_ngram=2").measure_steps == 4  # another spec: its own
     other = from_env({"ADASPEC_DRAFT_MAX": "8"})
-    assert stats("pld", other).measure_steps == 4  # other settings: their own
-    assert stats("pld", other).measure_steps == 0
-    assert id(model) in adaspec.api._LATEST
+    assert stats(model, "pld", other).measure_steps == 4  # other settings: their own
+    assert stats(model, "pld", other).measure_steps == 0
+    assert id(model) in latest._LATEST
     key = id(model)
     del model
     import gc
 
     gc.collect()
-    assert key not in adaspec.api._LATEST  # forgotten with the model
+    assert key not in latest._LATEST  # forgotten with the model
