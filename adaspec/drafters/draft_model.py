@@ -59,10 +59,11 @@ def check_vocab(draft: TargetInfo, target: TargetInfo) -> None:
     counts may differ, e.g. padding); without both tokenizers, equal row counts. A pair of
     tokenizer objects that agreed once is not read again."""
     key = (id(draft.tokenizer), id(target.tokenizer))
-    if draft.tokenizer is not None and target.tokenizer is not None and key in _AGREEING:
+    both = draft.tokenizer is not None and target.tokenizer is not None
+    if both and key in _AGREEING:
         return
     _compare_vocab(draft, target)
-    if draft.tokenizer is not None and target.tokenizer is not None:
+    if both:
         if len(_AGREEING) >= AGREEING_KEPT:
             del _AGREEING[next(iter(_AGREEING))]
         _AGREEING[key] = (draft.tokenizer, target.tokenizer)

@@ -596,7 +596,7 @@ static void QFN(part_blocks)(int M, int N, int K, float al, const float *A, int 
   if (!fused && !s) abort(); /* out of memory for a few rows of floats */
   FP32FN(ahead_t) none = {0, 0, K, 0, 0};
   const int g = M <= FMR ? M : MR; /* rows of A per fused tile */
-  const int ns = M <= MR ? NR_OF(M) : fused ? NR_OF(g) : NR;
+  const int ns = fused ? NR_OF(g) : NR;
   for (int n = 0; n < N; n += ns) {
     int nr = N - n < ns ? N - n : ns;
     const unsigned char *rows = B + (long)n * row_bytes;
