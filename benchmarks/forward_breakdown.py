@@ -3,19 +3,20 @@ the graph's nodes, the GEMMs, mlx's other ops, and the waits between threads, pe
 real model at a given context (docs/fast_ops.md, "Cost").
 
     python benchmarks/forward_breakdown.py [--model smollm2-135m] [--contexts 200,2000]
-        [--rows 1] [--rounds 40] [--variants twins,no-native,stock-linear,stock]
+        [--rows 1] [--rounds 40] [--variants twins,no-stack,no-native,stock-linear,stock]
         [--json out.json]
 
 Each forward appends `rows` tokens at a new position (16 positions in turn, then the cache is
 trimmed back), as decoding does. Variants take turns forward by forward in one process, so a
 change in the machine's load falls on all alike: `twins` as fast_ops.install leaves the model,
-`no-native` as `twins` without adaspec's native primitives (kernels/native.py: a decoder layer,
-attention, the MLP's gate and up projections in one node each; mlx-lm's code on the layer
-twins instead), `stock-linear` with mlx's nn.Linear in place of the Linear twin, `stock` with
-every twin and the attention path replaced by stock mlx-lm modules (mlx's JIT kernels stay
-ours). Figures are
-medians over rounds; CPU times come from the kernel's per-thread accounting (schedstat), which
-other jobs on the machine do not inflate, unlike wall times.
+`no-stack` as `twins` with each decoder layer's node made by its own call (not the model's
+layers in one call, kernels/native_stack.py), `no-native` as `twins` without adaspec's native
+primitives (kernels/native.py: a decoder layer, attention, the MLP's gate and up projections
+in one node each; mlx-lm's code on the layer twins instead), `stock-linear` with mlx's
+nn.Linear in place of the Linear twin, `stock` with every twin and the attention path replaced
+by stock mlx-lm modules (mlx's JIT kernels stay ours). Figures are medians over rounds; CPU
+times come from the kernel's per-thread accounting (schedstat), which other jobs on the
+machine do not inflate, unlike wall times.
 """
 
 import argparse  # noqa: I001  (adaspec must load the BLAS before mlx.core)
@@ -103,6 +104,9 @@ class Variants:
             native_layers.uninstall(self.model)
         else:
             native_layers.install(self.model)
+        inner = self.model.model
+        if name == "no-stack" and "_native" in type(inner).__dict__:
+            inner.__class__ = type(inner)._native
         stock = name == "stock"
         self.module.scaled_dot_product_attention = self.stock_sdpa if stock else self.routed
         for parent, key, twin, ref in self.swaps:
@@ -168,13 +172,13 @@ def main() -> None:
     p.add_argument("--contexts", default="200,2000")
     p.add_argument("--rows", type=int, default=1)
     p.add_argument("--rounds", type=int, default=40)
-    p.add_argument("--variants", default="twins,no-native,stock-linear,stock")
+    p.add_argument("--variants", default="twins,no-stack,no-native,stock-linear,stock")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     names = a.variants.split(",")
-    unknown = set(names) - {"twins", "no-native", "stock-linear", "stock"}
+    unknown = set(names) - {"twins", "no-stack", "no-native", "stock-linear", "stock"}
     if unknown:
-        accepted = "twins, no-native, stock-linear, stock"
+        accepted = "twins, no-stack, no-native, stock-linear, stock"
         p.error(f"--variants {a.variants}: accepted {accepted}")
     model, _ = load(a.model, settings=from_env(dict(os.environ)))
     fast_ops.install(model)

@@ -361,6 +361,74 @@ def test_decoder_layer_keeps_the_logits_and_the_cache(arch):
     assert same_bits(model(tokens[:, :1], cache=c1), fresh(tokens[:, :1], cache=c2))
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_a_models_layers_are_made_in_one_call_with_the_same_bits(arch, monkeypatch):
+    """The model twin makes every layer's node in one call (no layer's __call__ runs) where the
+    caches have room, bit for bit stock mlx-lm; a new weight, a spy in the layer list or more
+    rows than the layer node takes go back to the layers' own calls, with the same bits."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from tiny import tiny_model
+
+    from adaspec.kernels import fast_ops, native_stack
+    from adaspec.targets.base import Spy
+
+    make = (lambda: _qwen2()) if arch == "qwen2" else (lambda: tiny_model(arch))
+    model, fresh = make(), make()
+    fast_ops.install(model)
+    twin = type(model.model.layers[0])
+    calls = []
+    own = twin.__call__
+    monkeypatch.setattr(twin, "__call__", lambda *a, **k: calls.append(1) or own(*a, **k))
+    tokens = mx.array([[(7 * i + 5) % 250 for i in range(90)]])
+    c1, c2 = make_prompt_cache(model), make_prompt_cache(fresh)
+    rng = np.random.default_rng(3)
+    at = 0
+    for n, expect_calls in ((9, True), (1, False), (3, False), ("new weight", False),
+                            ("spy", True), (33, True), (2, False)):  # fmt: skip
+        layers = model.model.layers
+        if n == "new weight":  # the same new array in both models
+            w = mx.array(rng.standard_normal(layers[1].mlp.down_proj.weight.shape), mx.float32)
+            layers[1].mlp.down_proj.weight = w
+            fresh.model.layers[1].mlp.down_proj.weight = w
+        if n == "spy":
+            layers[0] = Spy(layers[0])
+        rows = 1 if isinstance(n, str) else n
+        calls.clear()
+        chunk = tokens[:, at : at + rows]
+        out = model(chunk, cache=c1)
+        assert bool(calls) == expect_calls, n
+        assert native_stack.stacks(model.model, rows) == (not expect_calls or rows == 9), n
+        assert same_bits(out, fresh(chunk, cache=c2)), n
+        for a, b in zip(c1, c2):
+            assert a.offset == b.offset
+            for x, y in ((a.keys, b.keys), (a.values, b.values)):
+                assert same_bits(x[..., : a.offset, :], y[..., : b.offset, :])
+        if n == "spy":
+            layers[0] = layers[0].module
+        at += rows
+
+
+def test_decoder_stack_refuses_what_it_cannot_make():
+    from tiny import tiny_model
+
+    block = tiny_model("llama").model.layers[0]
+    ws = [block[a][p]["weight"] for a, p in (
+        ("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
+        ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"),
+    )]  # fmt: skip
+    norm = block.input_layernorm.weight
+    with pytest.raises(ValueError, match="per layer"):
+        core().DecoderStack([norm], [norm], [1e-5], [], [ws], [[None] * 7], 16, 4, 2, 0.25)
+    stack = core().DecoderStack([norm], [norm], [1e-5], [1e-5], [ws], [[None] * 7], 16, 4, 2, 0.25)
+    assert len(stack) == 1
+    kb, x, cos = mx.zeros((1, 2, 16, 16)), mx.zeros((1, 2, 64)), mx.zeros((2, 8))
+    mx.eval(stack(x, [kb], [kb], 2, 0, 1, cos, cos))
+    with pytest.raises(ValueError, match=r"per layer \(1\)"):
+        stack(x, [kb, kb], [kb, kb], 2, 0, 1, cos, cos)
+    with pytest.raises(ValueError, match="room for offset"):
+        stack(x, [kb], [kb], 2, 15, 1, cos, cos)
+
+
 def test_decoder_layer_refuses_what_it_cannot_compute():
     from tiny import tiny_model
 

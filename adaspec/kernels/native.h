@@ -183,6 +183,35 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
                                  const std::vector<array>& vbufs, const std::vector<int>& rows,
                                  const std::vector<int>& offsets, const std::vector<int>& fold,
                                  float scale, StreamOrDevice s);
+
+// A llama / qwen2 model's decoder layers, their weights held once (kernels/native_layers.py
+// makes one per model): a call makes every layer's DecoderLayer node on the output of the one
+// before, as a call of decoder_layer per layer does (one sequence; every layer's cache at the
+// same offset). Returns the last layer's output, then each layer's new key and value buffers.
+class DecoderStack {
+ public:
+  DecoderStack(const std::vector<array>& norm1, const std::vector<array>& norm2,
+               const std::vector<double>& eps1, const std::vector<double>& eps2,
+               const std::vector<std::vector<array>>& weights,
+               const std::vector<std::vector<std::optional<array>>>& biases, int dims,
+               int n_heads, int n_kv_heads, float scale);
+  std::vector<array> operator()(const array& x, const std::vector<array>& kbufs,
+                                const std::vector<array>& vbufs, int rows, int offset,
+                                int fold, const array& cos, const array& sin,
+                                StreamOrDevice s) const;
+  size_t size() const { return layers_.size(); }
+
+ private:
+  struct Layer {
+    array norm1, norm2;
+    double eps1, eps2;
+    std::vector<array> weights;
+    std::vector<std::optional<array>> biases;
+  };
+  std::vector<Layer> layers_;
+  int dims_, n_heads_, n_kv_heads_;
+  float scale_;
+};
 array stored_rows(const array& ids, const array& table, int type, int n, int k,
                   int64_t row_bytes, StreamOrDevice s);
 

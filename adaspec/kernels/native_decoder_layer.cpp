@@ -188,4 +188,39 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
   return array::make_arrays(std::move(shapes), dtypes, node, std::move(inputs));
 }
 
+DecoderStack::DecoderStack(const std::vector<array>& norm1, const std::vector<array>& norm2,
+                           const std::vector<double>& eps1, const std::vector<double>& eps2,
+                           const std::vector<std::vector<array>>& weights,
+                           const std::vector<std::vector<std::optional<array>>>& biases,
+                           int dims, int n_heads, int n_kv_heads, float scale)
+    : dims_(dims), n_heads_(n_heads), n_kv_heads_(n_kv_heads), scale_(scale) {
+  size_t n = norm1.size();
+  if (n == 0 || norm2.size() != n || eps1.size() != n || eps2.size() != n ||
+      weights.size() != n || biases.size() != n)
+    throw std::invalid_argument("decoder_stack: accepted: per layer (at least one) two norm "
+                                "weights, two eps, seven weights and seven biases (or None)");
+  for (size_t i = 0; i < n; i++)
+    layers_.push_back({norm1[i], norm2[i], eps1[i], eps2[i], weights[i], biases[i]});
+}
+
+std::vector<array> DecoderStack::operator()(const array& x, const std::vector<array>& kbufs,
+                                            const std::vector<array>& vbufs, int rows,
+                                            int offset, int fold, const array& cos,
+                                            const array& sin, StreamOrDevice s) const {
+  if (kbufs.size() != layers_.size() || vbufs.size() != layers_.size())
+    throw std::invalid_argument("decoder_stack: accepted: one key and one value buffer per "
+                                "layer (" + std::to_string(layers_.size()) + ")");
+  std::vector<array> outs{x};
+  for (size_t i = 0; i < layers_.size(); i++) {
+    auto& l = layers_[i];
+    auto layer = decoder_layer(outs[0], l.norm1, l.norm2, l.eps1, l.eps2, l.weights, l.biases,
+                               cos, sin, dims_, n_heads_, n_kv_heads_, {kbufs[i]}, {vbufs[i]},
+                               {rows}, {offset}, {fold}, scale_, s);
+    outs[0] = layer[0];
+    outs.push_back(layer[1]);
+    outs.push_back(layer[2]);
+  }
+  return outs;
+}
+
 }  // namespace adaspec_native

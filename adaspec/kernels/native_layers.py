@@ -10,10 +10,12 @@
   arithmetic, mlx-lm's KVCache layout and mlx's attention), then the module's `o_proj`; the
   cache is left as its `update_and_fetch` leaves it;
 - the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
-  (the function its source calls) and `down_proj`.
+  (the function its source calls) and `down_proj`;
+- a llama / qwen2 model's layers (`LlamaModel`, `Qwen2Model`): every layer's node made in one
+  Python call (kernels/native_stack.py).
 
 `install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
-`Attention`; llama and qwen2 `TransformerBlock`) to a subclass made once per class, whose
+`Attention`; llama and qwen2 `TransformerBlock` and models) to a subclass made once per class, whose
 `__call__` takes the module's own `__call__` wherever the native path does not apply (no
 extension, sharded or quantized projections, a cache other than a plain KVCache with room for
 the rows, an array mask, a batch of more than one, another dtype or RoPE): that is mlx-lm's
@@ -28,22 +30,18 @@ import sys
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from . import attention, native
-from .layers import RMS_MAX_ROWS, ExactLinear, ExactRMSNorm
+from .layers import RMS_MAX_ROWS
 from .layers import ExactRoPE as ExactRope
+from .native_fit import MODULES, block_parts, plain
+from .native_stack import model_call
 
-MODULES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
-COVERED = {(m, c) for m in MODULES for c in ("MLP", "Attention")} | {
-    (m, "TransformerBlock") for m in MODULES[:2]
-}
-PLAIN = (nn.Linear, ExactLinear)
-
-
-def _plain(m: Any) -> bool:
-    w = m.get("weight") if type(m) in PLAIN else None
-    return w is not None and w.dtype == mx.float32 and w.ndim == 2
+COVERED = (
+    {(m, c) for m in MODULES for c in ("MLP", "Attention")}
+    | {(m, "TransformerBlock") for m in MODULES[:2]}
+    | {(MODULES[0], "LlamaModel"), (MODULES[1], "Qwen2Model")}
+)
 
 
 def _pair(mlp: Any, x: mx.array) -> list[mx.array] | None:
@@ -51,7 +49,7 @@ def _pair(mlp: Any, x: mx.array) -> list[mx.array] | None:
     gate, up = mlp.gate_proj, mlp.up_proj
     if x.ndim != 3 or x.shape[0] != 1 or x.dtype != mx.float32:
         return None
-    if not (_plain(gate) and _plain(up)):
+    if not (plain(gate) and plain(up)):
         return None
     core = native.get()
     if core is None:
@@ -121,7 +119,7 @@ def attend_rows(
         or x.dtype != mx.float32
         or type(rope) is not ExactRope
         or rope.traditional
-        or not all(_plain(attn[p]) for p in ("q_proj", "k_proj", "v_proj"))
+        or not all(plain(attn[p]) for p in ("q_proj", "k_proj", "v_proj"))
         or not all(_room(c, n) for c, n in zip(caches, rows))
     ):
         return None
@@ -141,39 +139,6 @@ def attend_rows(
     )  # fmt: skip
     _advance(caches, buffers, rows)
     return attn.o_proj(out)
-
-
-PROJECTIONS = (
-    ("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
-    ("self_attn", "o_proj"), ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"),
-)  # fmt: skip
-
-
-def _block_parts(block: Any) -> list[Any] | None:
-    """The seven projections (PROJECTIONS' order) of a llama / qwen2 TransformerBlock of
-    mlx-lm's Attention (no q/k norms) and MLP, with fp32 ExactRMSNorms, an ExactRoPE (not
-    traditional) and plain fp32 projections; None for any other block"""
-    attn, mlp = block.get("self_attn"), block.get("mlp")
-    mods = (sys.modules.get(m) for m in MODULES[:2])
-    if not any(m and isinstance(attn, m.Attention) and isinstance(mlp, m.MLP) for m in mods):
-        return None
-    norms = (block.get("input_layernorm"), block.get("post_attention_layernorm"))
-    rope = getattr(attn, "rope", None)
-    if not (
-        all(type(n) is ExactRMSNorm and n.weight.dtype == mx.float32 for n in norms)
-        and "q_norm" not in attn
-        and type(rope) is ExactRope
-        and not rope.traditional
-    ):
-        return None
-    projs = [block[a][p] for a, p in PROJECTIONS]
-    return projs if all(_plain(p) for p in projs) else None
-
-
-def layer_fits(block: Any) -> bool:
-    """Whether `layer_rows` may run `block` (given fp32 rows and caches with room): a llama or
-    qwen2 block of the twins it stands for, and the native extension built."""
-    return _block_parts(block) is not None and native.get() is not None
 
 
 def decode_layer(block: Any, x: mx.array, mask: Any, cache: Any) -> mx.array | None:
@@ -200,7 +165,7 @@ def layer_rows(
         or not all(_room(c, n) for c, n in zip(caches, rows))
     ):
         return None
-    projs, core = _block_parts(block), native.get()
+    projs, core = block_parts(block), native.get()
     if projs is None or core is None:
         return None
     attn = block.self_attn
@@ -247,7 +212,10 @@ def _block_call(cls: type) -> Any:
     return __call__
 
 
-_CALLS = {"MLP": _mlp_call, "Attention": _attention_call, "TransformerBlock": _block_call}
+_CALLS = {
+    "MLP": _mlp_call, "Attention": _attention_call, "TransformerBlock": _block_call,
+    "LlamaModel": model_call, "Qwen2Model": model_call,
+}  # fmt: skip
 
 
 def _twin_class(cls: type) -> type:

@@ -31,4 +31,17 @@ NB_MODULE(_adaspec_native, m) {
         nb::arg("sin"), nb::arg("dims"), nb::arg("n_heads"), nb::arg("n_kv_heads"),
         nb::arg("key_buffers"), nb::arg("value_buffers"), nb::arg("rows"), nb::arg("offsets"),
         nb::arg("fold"), nb::arg("scale"), nb::kw_only(), nb::arg("stream") = nb::none());
+  nb::class_<DecoderStack>(m, "DecoderStack")
+      .def(nb::init<const std::vector<array>&, const std::vector<array>&,
+                    const std::vector<double>&, const std::vector<double>&,
+                    const std::vector<std::vector<array>>&,
+                    const std::vector<std::vector<std::optional<array>>>&, int, int, int,
+                    float>(),
+           nb::arg("norm1"), nb::arg("norm2"), nb::arg("eps1"), nb::arg("eps2"),
+           nb::arg("weights"), nb::arg("biases"), nb::arg("dims"), nb::arg("n_heads"),
+           nb::arg("n_kv_heads"), nb::arg("scale"))
+      .def("__call__", &DecoderStack::operator(), nb::arg("x"), nb::arg("key_buffers"),
+           nb::arg("value_buffers"), nb::arg("rows"), nb::arg("offset"), nb::arg("fold"),
+           nb::arg("cos"), nb::arg("sin"), nb::kw_only(), nb::arg("stream") = nb::none())
+      .def("__len__", &DecoderStack::size);
 }

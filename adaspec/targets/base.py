@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import mlx.core as mx
 
 from ..errors import TargetError
+from ..kernels import native_stack
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,8 @@ class CacheTarget:
     """What both adapters share: the mlx-lm cache, the tapped forward and chunked prefill.
     pieces: a forward's graph is handed to mlx's stream in this many pieces as it is built
     (Handoff), so a forward read at once does not wait for its whole graph to be built first;
-    1 = in one piece, when it is read (make_target sets ADASPEC_FORWARD_PIECES)."""
+    1 = in one piece, when it is read (make_target sets ADASPEC_FORWARD_PIECES); one piece where
+    every layer's node is made in one call (kernels/native_stack.py), which takes ~0.1 ms."""
 
     tree_unsupported = "recurrent state"
     pieces = 10
@@ -215,8 +217,11 @@ class CacheTarget:
         An mx.array may still be lazy: the caller can queue this forward before reading it."""
         x = tokens if isinstance(tokens, mx.array) else mx.array(list(tokens), dtype=mx.uint32)
         x = x.astype(mx.uint32)[None]
-        layers = layer_list(self.model)
-        handoffs = [(layers, i) for i in handoff_layers(len(layers), self.pieces)]
+        inner = inner_model(self.model)
+        layers = inner.layers
+        one_call = not taps and native_stack.stacks(inner, x.shape[1])  # nothing to hand off
+        pieces = 1 if one_call else self.pieces
+        handoffs = [(layers, i) for i in handoff_layers(len(layers), pieces)]
         with spying([(layers, i) for i in taps]) as spies, spying(handoffs, Handoff):
             logits = self.model(x, cache=self.cache)[0]
         return logits, [layer_output(s) for s in spies]

@@ -23,7 +23,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..errors import TargetError
-from ..kernels import blas, native_layers
+from ..kernels import blas, native_fit, native_layers
 from ..kernels.layers import ExactRoPE
 from .base import Forward, layer_list, layer_output, model_type, spying
 from .kv import KVTarget
@@ -220,7 +220,7 @@ def _split(model: Any, targets: Sequence[KVTarget], spans: list[tuple[int, int]]
             caches = [t.cache[i] for t in targets]
             if plan is None:
                 layer["self_attn"] = _SplitAttention(originals[i], caches, spans)
-            elif native_layers.layer_fits(layer):  # the whole layer in one node
+            elif native_fit.layer_fits(layer):  # the whole layer in one node
                 layers[i] = _SharedLayer(layer, caches, plan)
             else:
                 layer["self_attn"] = _SharedAttention(originals[i], caches, plan)
