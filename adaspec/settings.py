@@ -29,7 +29,7 @@ HOST = {"xdg_cache_home": "XDG_CACHE_HOME", "cc": "CC", "ld_library_path": "LD_L
 GATE_NAMES: dict[str, None] = {"commit": None, "entropy": None}
 ROLLBACK_CHOICES = ("auto", "delta", "ssm", "layers", "refeed")
 ISA_CHOICES = ("auto", "avx512", "avx2")
-WEIGHT_CHOICES = ("auto", "fp32", "bf16", "q8")  # a drafter's weights (kernels/shadow.py)
+WEIGHT_CHOICES = ("auto", "fp32", "bf16", "q8", "q4")  # a drafter's weights (kernels/shadow.py)
 STORED_CHOICES = ("auto", "on", "off")  # GGUF weights at their stored bits (kernels/stored.py)
 ARITHMETIC_CHOICES = ("exact", "q8")  # a model's GEMMs (kernels/arithmetic.py)
 SHARD_CHOICES = ("auto", "pipeline", "tensor")  # how a target spans ranks (distributed/shard.py)
@@ -130,7 +130,8 @@ class Settings(BaseSettings):
     draft_model_min_p1: float = Field(0.0, ge=0, lt=1)
     # draft-model drafter: the weights its small-row GEMMs read: fp32 (as loaded), bf16 (bf16
     # copies, adaspec/kernels/shadow.py), q8 (its own GEMMs in the 8-bit arithmetic,
-    # kernels/arithmetic.py) or auto (q8 with AVX-512 VNNI, else bf16 when the routed kernel runs)
+    # kernels/arithmetic.py), q4 (as q8, on 4-bit copies of a GGUF model's wider weights,
+    # kernels/requant.py) or auto (q8 with AVX-512 VNNI, else bf16 when the routed kernel runs)
     draft_model_weights: str = "auto"
     # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only (the
     # default until trees are measured to pay here), auto = the policy sizes trees and falls

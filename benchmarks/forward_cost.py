@@ -4,10 +4,11 @@ inside GEMMs (the rest is mlx's other ops and their dispatch), beside the measur
 bandwidth and peak FMA rate (docs/benchmarks.md, "Roofline").
 
     python benchmarks/forward_cost.py [--model smollm2-135m] [--context 200]
-        [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--weights fp32|bf16] [--json out.json]
+        [--sizes 1,2,4,8,12,16,24,32] [--repeats 9] [--weights fp32|bf16|q4] [--json out.json]
         [--arithmetic exact,q8]   # one table per arithmetic, then the curves side by side
     (--weights bf16: the small-row GEMMs read bf16 shadows of the weight matrices, as a
-    draft model with weights=bf16 does; the GB/s column still counts fp32 bytes)
+    draft model with weights=bf16 does; the GB/s column still counts fp32 bytes; --weights q4:
+    4-bit copies of a GGUF model's wider stored weights, as a draft model's weights=q4 reads)
     ADASPEC_BLAS=openblas python benchmarks/forward_cost.py      # another BLAS
     ADASPEC_KERNEL_ISA=avx2 python benchmarks/forward_cost.py    # the AVX2 kernel on AVX-512
 """
@@ -21,7 +22,7 @@ from datetime import date
 import adaspec  # noqa: F401  (loads the BLAS before mlx)
 
 from adaspec import doctor
-from adaspec.kernels import arithmetic, blas, fast_ops, roofline, shadow
+from adaspec.kernels import arithmetic, blas, fast_ops, requant, roofline, shadow
 from adaspec.settings import from_env
 from adaspec.settings import get as get_settings
 from adaspec.targets.loader import load
@@ -33,7 +34,7 @@ def main() -> None:
     p.add_argument("--context", type=int, default=doctor.CONTEXT)
     p.add_argument("--sizes", default=",".join(map(str, doctor.SIZES)))
     p.add_argument("--repeats", type=int, default=9)
-    p.add_argument("--weights", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--weights", choices=("fp32", "bf16", "q4"), default="fp32")
     p.add_argument(
         "--stored",
         choices=("auto", "on", "off"),
@@ -57,6 +58,8 @@ def main() -> None:
     env = {"ADASPEC_STORED_WEIGHTS": a.stored} if a.stored else {}
     settings = from_env({**os.environ, **env})
     model, _ = load(a.model, settings=settings)
+    if a.weights == "q4":
+        requant.requantize(model)
     stored_mb = model.adaspec_stored.nbytes / 1e6 if hasattr(model, "adaspec_stored") else 0
     fast_ops.install(model)
     shadows = shadow.shadow_model(model) if a.weights == "bf16" else None

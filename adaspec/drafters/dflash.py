@@ -34,6 +34,7 @@ from .spec import DrafterArgs, Entry
 log = logging.getLogger(__name__)
 
 _GROW = 256  # context rows allocated at a time
+DFLASH_WEIGHTS = ("auto", "fp32", "bf16", "q8")  # q4 copies are of GGUF stored weights only
 
 
 class ContextCache:
@@ -293,7 +294,7 @@ def load(
     weights: str = "fp32",
 ) -> DFlashDrafter:
     """A DFlashDrafter from a z-lab-format checkpoint folder, bound to the target `info`."""
-    model, shadows = shared_model(path, info, resolve(weights, "dflash"))
+    model, shadows = shared_model(path, info, resolve(weights, "dflash", DFLASH_WEIGHTS))
     return DFlashDrafter(
         model, info, block=block, window=window, sink=sink, head=head, shadows=shadows
     )

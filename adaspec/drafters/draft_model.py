@@ -9,7 +9,8 @@ probabilities, so sampled drafts are verified by sample-and-match instead of rej
 lowest ids, which a byte-level BPE gives its most frequent merges, and the end-of-sequence ids):
 a cheaper draft that can propose no other token; weights=bf16 drafts from bf16 copies of the
 model's weight matrices (adaspec/kernels/shadow.py): fewer bytes to read per draft token, for a
-little acceptance; weights=q8 runs its GEMMs in the 8-bit arithmetic (auto,
+little acceptance; weights=q8 runs its GEMMs in the 8-bit arithmetic; weights=q4 also reads
+4-bit copies of a GGUF draft model's wider stored weights (kernels/requant.py) (auto,
 ADASPEC_DRAFT_MODEL_WEIGHTS's default: q8 on a CPU with AVX-512 VNNI, else bf16 when the routed
 kernel runs; fp32: the weights as loaded). "Same vocabulary" is defined in docs/drafters.md.
 """
@@ -27,7 +28,7 @@ import numpy as np
 
 from .. import distributions
 from ..errors import DrafterError, DrafterMismatchError
-from ..kernels import arithmetic
+from ..kernels import arithmetic, requant
 from ..kernels.shadow import Shadows, resolve, shadow_model
 from ..kernels.softmax import fast_logsumexp
 from ..sampling_params import SamplingParams, sample
@@ -348,7 +349,10 @@ def load_shared(
 
     log.info("loading draft model %s (%s weights)", path_or_name, weights)
     model, tokenizer = load(path_or_name, settings=settings)  # on the fast paths, as any load
-    if weights == "q8":  # a model of its own (loaded per weights kind): the target keeps its own
+    if weights == "q4":  # 4-bit copies of its wider stored weights, then as q8
+        replaced, released = requant.requantize(model)
+        log.info("draft model: %d matrices to Q4_1, %.0f MB fewer", replaced, released / 1e6)
+    if weights in ("q8", "q4"):  # a model of its own (loaded per weights kind): not the target
         arithmetic.apply(model, "q8")
     return model, tokenizer, shadow_model(model) if weights == "bf16" else None
 

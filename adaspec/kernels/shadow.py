@@ -29,15 +29,15 @@ from . import blas, stored
 Q8_VNNI = 2  # adaspec_q8_kernel(): the q8 kernel's AVX-512 VNNI form (1: AVX2, 0: none)
 
 
-def resolve(weights: str, who: str) -> str:
-    """A drafter's `weights=` value -> fp32 | bf16 | q8 (auto: q8 where the routed kernel has
-    its AVX-512 VNNI form, else bf16 where the routed kernel runs). q8: the drafter's own GEMMs
-    in the 8-bit arithmetic (kernels/arithmetic.py); a drafter's arithmetic never changes what
-    is emitted, only how much its drafts cost and how often they are accepted."""
-    if weights not in WEIGHT_CHOICES:
-        raise DrafterError(
-            f"{who} weights={weights!r} is invalid; accepted: {', '.join(WEIGHT_CHOICES)}"
-        )
+def resolve(weights: str, who: str, accepted: tuple[str, ...] = WEIGHT_CHOICES) -> str:
+    """A drafter's `weights=` value (one of `accepted`) -> fp32 | bf16 | q8 | q4 (auto: q8
+    where the routed kernel has its AVX-512 VNNI form, else bf16 where the routed kernel runs).
+    q8: the drafter's own GEMMs in the 8-bit arithmetic (kernels/arithmetic.py); q4: as q8, on
+    4-bit copies of a GGUF model's wider weights (kernels/requant.py); a drafter's arithmetic
+    never changes what is emitted, only how much its drafts cost and how often they are
+    accepted."""
+    if weights not in accepted:
+        raise DrafterError(f"{who} weights={weights!r} is invalid; accepted: {', '.join(accepted)}")
     if weights != "auto":
         return weights
     router = _routed_kernel()
