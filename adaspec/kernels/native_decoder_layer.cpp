@@ -9,16 +9,25 @@ namespace {
 
 // RMSNorm of each row of x [m, n] as kernels/layers.py's ExactRMSNorm (mx.fast.rms_norm's CPU
 // fallback): the squares summed from the left (mlx's Sum on this CPU), times float(1 / n),
-// plus eps, 1 / sqrt, then x * that * weight, each step rounded to float.
+// plus eps, 1 / sqrt, then x * that * weight, each step rounded to float. A row's sum is one
+// chain of dependent additions, so RG rows are summed side by side (each still from the left):
+// the chains overlap instead of each waiting on its own additions in turn.
+constexpr int RG = 8;
+
 void rms_norm(const float* x, int m, int n, const float* w, float eps, float* y) {
   float inv_n = static_cast<float>(1.0 / n);
-  for (int r = 0; r < m; r++) {
-    const float* xr = x + static_cast<size_t>(r) * n;
-    float total = 0.0f;
-    for (int j = 0; j < n; j++) total += xr[j] * xr[j];
-    float f = 1.0f / std::sqrt(total * inv_n + eps);
-    float* yr = y + static_cast<size_t>(r) * n;
-    for (int j = 0; j < n; j++) yr[j] = xr[j] * f * w[j];
+  for (int r0 = 0; r0 < m; r0 += RG) {
+    const float* rows[RG];
+    for (int r = 0; r < RG; r++)  // past the last row: row r0 again, its sum not used
+      rows[r] = x + static_cast<size_t>(r0 + (r0 + r < m ? r : 0)) * n;
+    float total[RG] = {};
+    for (int j = 0; j < n; j++)
+      for (int r = 0; r < RG; r++) total[r] += rows[r][j] * rows[r][j];
+    for (int r = 0; r < RG && r0 + r < m; r++) {
+      float f = 1.0f / std::sqrt(total[r] * inv_n + eps);
+      float* yr = y + static_cast<size_t>(r0 + r) * n;
+      for (int j = 0; j < n; j++) yr[j] = rows[r][j] * f * w[j];
+    }
   }
 }
 
