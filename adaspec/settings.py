@@ -131,7 +131,8 @@ class Settings(BaseSettings):
     # draft-model drafter: the weights its small-row GEMMs read: fp32 (as loaded), bf16 (bf16
     # copies, adaspec/kernels/shadow.py), q8 (its own GEMMs in the 8-bit arithmetic,
     # kernels/arithmetic.py), q4 (as q8, on 4-bit copies of a GGUF model's wider weights,
-    # kernels/requant.py) or auto (q8 with AVX-512 VNNI, else bf16 when the routed kernel runs)
+    # kernels/requant.py) or auto (q4 with AVX-512 VNNI, q8 there for a model without stored
+    # weights, else bf16 when the routed kernel runs)
     draft_model_weights: str = "auto"
     # Draft trees: most nodes a drafter may propose as a tree in one step; 0 = chains only (the
     # default until trees are measured to pay here), auto = the policy sizes trees and falls

@@ -94,6 +94,31 @@ def test_a_q4_draft_model_leaves_the_targets_output_unchanged(tmp_path):
         assert adaspec.generate(target, tok, prompt, drafter=d, max_tokens=30) == want
 
 
+def test_auto_weights_copy_a_gguf_draft_model_and_leave_a_folder_on_q8(tmp_path):
+    """auto (with AVX-512 VNNI): q4 copies where the draft model has stored weights, q8 where
+    it has none (an mlx-lm folder), neither an error."""
+    from tiny import byte_tokenizer, save_tiny, tiny_model
+
+    from adaspec.drafters.arms import make as make_drafter
+    from adaspec.kernels import shadow
+    from adaspec.settings import from_env
+    from adaspec.targets import loader
+    from adaspec.targets.base import target_info
+
+    if shadow.resolve("auto", "x") != "q4":
+        pytest.skip("auto picks q4 only with the q8 kernel's AVX-512 VNNI form")
+    settings = from_env({}, cache=str(tmp_path))
+    path = write_tiny_gguf(tmp_path / "t.gguf", "llama", "Q8_0", seed=2).path
+    target, tok = loader.load(path, settings=settings)
+    d = make_drafter(f"draft-model:{path}", target_info(target, tok), settings)
+    assert {s.type_name for s in d.model.adaspec_stored.matrices} == {"Q4_1"}
+    btok = byte_tokenizer()
+    folder = save_tiny(tiny_model("qwen3", seed=7, layers=1), btok, tmp_path / "draft")
+    info = target_info(tiny_model("qwen3"), btok)
+    d = make_drafter(f"draft-model:{folder}", info, settings)
+    assert arithmetic.of(d.model) == "q8" and getattr(d.model, "adaspec_stored", None) is None
+
+
 def test_q4_is_refused_where_there_are_no_stored_weights(tmp_path):
     from tiny import byte_tokenizer, save_tiny, tiny_model
 

@@ -149,11 +149,15 @@ def test_without_the_routed_kernel_bf16_is_refused(monkeypatch):
         shadow.Shadows([])
 
 
-def test_auto_means_q8_with_vnni_else_bf16_where_the_routed_kernel_runs_else_fp32(monkeypatch):
+def test_auto_means_q4_or_q8_with_vnni_else_bf16_where_the_routed_kernel_runs_else_fp32(
+    monkeypatch,
+):
     assert shadow.resolve("fp32", "x") == "fp32" and shadow.resolve("bf16", "x") == "bf16"
     vnni = ROUTED and blas.kernel_isa() and blas._router.adaspec_q8_kernel() == shadow.Q8_VNNI
-    auto = "q8" if vnni else "bf16" if ROUTED and blas.kernel_isa() else "fp32"
-    assert shadow.resolve("auto", "x") == auto
+    other = "bf16" if ROUTED and blas.kernel_isa() else "fp32"
+    assert shadow.resolve("auto", "x") == ("q4" if vnni else other)
+    without_q4 = ("auto", "fp32", "bf16", "q8")  # what a DFlash drafter takes
+    assert shadow.resolve("auto", "x", without_q4) == ("q8" if vnni else other)
     monkeypatch.setattr(blas, "status", lambda: blas.BlasStatus("mkl", "mkl"))
     assert shadow.resolve("auto", "x") == "fp32"
 

@@ -11,8 +11,9 @@ a cheaper draft that can propose no other token; weights=bf16 drafts from bf16 c
 model's weight matrices (adaspec/kernels/shadow.py): fewer bytes to read per draft token, for a
 little acceptance; weights=q8 runs its GEMMs in the 8-bit arithmetic; weights=q4 also reads
 4-bit copies of a GGUF draft model's wider stored weights (kernels/requant.py) (auto,
-ADASPEC_DRAFT_MODEL_WEIGHTS's default: q8 on a CPU with AVX-512 VNNI, else bf16 when the routed
-kernel runs; fp32: the weights as loaded). "Same vocabulary" is defined in docs/drafters.md.
+ADASPEC_DRAFT_MODEL_WEIGHTS's default: q4 on a CPU with AVX-512 VNNI, q8 there for a model
+without stored weights, else bf16 when the routed kernel runs; fp32: the weights as loaded).
+"Same vocabulary" is defined in docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -340,16 +341,18 @@ def _ids(tokens: list[mx.array]) -> list[int]:
 
 @functools.lru_cache(maxsize=2)
 def load_shared(
-    path_or_name: str, settings: Settings, weights: str = "fp32"
+    path_or_name: str, settings: Settings, weights: str = "fp32", required: bool = True
 ) -> tuple[Any, Any, Shadows | None]:
     """(model, tokenizer, its bf16 shadows or None) of a draft model, loaded once per process
     and weights kind (generations and the bench share them, each DraftLM has its own cache; the
-    bench's mlx-lm peer drafts with the fp32 one, whose matrices have no shadows)."""
+    bench's mlx-lm peer drafts with the fp32 one, whose matrices have no shadows). q4 not
+    `required` (what auto picks): plain q8 where the model has no stored weights to copy."""
     from ..targets.loader import load
 
     log.info("loading draft model %s (%s weights)", path_or_name, weights)
     model, tokenizer = load(path_or_name, settings=settings)  # on the fast paths, as any load
-    if weights == "q4":  # 4-bit copies of its wider stored weights, then as q8
+    stored = getattr(model, "adaspec_stored", None) is not None
+    if weights == "q4" and (required or stored):  # 4-bit copies of its wider weights, then q8
         replaced, released = requant.requantize(model)
         log.info("draft model: %d matrices to Q4_1, %.0f MB fewer", replaced, released / 1e6)
     if weights in ("q8", "q4"):  # a model of its own (loaded per weights kind): not the target
@@ -363,8 +366,9 @@ def factory(args: DrafterArgs, info: TargetInfo, settings: Settings) -> DraftLM:
             "draft-model needs a model: draft-model:PATH_OR_NAME[,min_p1=F][,q=0]; accepted: an "
             "mlx-lm folder, a .gguf file or a catalogue name sharing the target's tokenizer"
         )
-    weights = resolve(args.get("weights", settings.draft_model_weights), "draft-model")
-    model, tokenizer, shadows = load_shared(args.path, settings, weights)
+    requested = args.get("weights", settings.draft_model_weights)
+    weights = resolve(requested, "draft-model")
+    model, tokenizer, shadows = load_shared(args.path, settings, weights, requested != "auto")
     return DraftLM(
         model,
         tokenizer,

@@ -30,12 +30,12 @@ Q8_VNNI = 2  # adaspec_q8_kernel(): the q8 kernel's AVX-512 VNNI form (1: AVX2, 
 
 
 def resolve(weights: str, who: str, accepted: tuple[str, ...] = WEIGHT_CHOICES) -> str:
-    """A drafter's `weights=` value (one of `accepted`) -> fp32 | bf16 | q8 | q4 (auto: q8
-    where the routed kernel has its AVX-512 VNNI form, else bf16 where the routed kernel runs).
-    q8: the drafter's own GEMMs in the 8-bit arithmetic (kernels/arithmetic.py); q4: as q8, on
-    4-bit copies of a GGUF model's wider weights (kernels/requant.py); a drafter's arithmetic
-    never changes what is emitted, only how much its drafts cost and how often they are
-    accepted."""
+    """A drafter's `weights=` value (one of `accepted`) -> fp32 | bf16 | q8 | q4 (auto: q4
+    where `accepted` has it, else q8, where the routed kernel has its AVX-512 VNNI form; else
+    bf16 where the routed kernel runs). q8: the drafter's own GEMMs in the 8-bit arithmetic
+    (kernels/arithmetic.py); q4: as q8, on 4-bit copies of a GGUF model's wider weights
+    (kernels/requant.py); a drafter's arithmetic never changes what is emitted, only how much
+    its drafts cost and how often they are accepted."""
     if weights not in accepted:
         raise DrafterError(f"{who} weights={weights!r} is invalid; accepted: {', '.join(accepted)}")
     if weights != "auto":
@@ -44,7 +44,9 @@ def resolve(weights: str, who: str, accepted: tuple[str, ...] = WEIGHT_CHOICES) 
     if router is None:
         return "fp32"
     router.adaspec_q8_kernel.restype = ctypes.c_int
-    return "q8" if router.adaspec_q8_kernel() == Q8_VNNI else "bf16"
+    if router.adaspec_q8_kernel() != Q8_VNNI:
+        return "bf16"
+    return "q4" if "q4" in accepted else "q8"
 
 
 def to_bf16(w: np.ndarray) -> np.ndarray:
