@@ -51,7 +51,7 @@ def test_unknown_names_are_refused_in_any_case():
         ),
         (
             {"ADASPEC_DRAFT_MODEL_WEIGHTS": "int8"},
-            "ADASPEC_DRAFT_MODEL_WEIGHTS='int8' is invalid; accepted: auto, fp32, bf16, q8",
+            "ADASPEC_DRAFT_MODEL_WEIGHTS='int8' is invalid; accepted: auto, fp32, bf16, q8, q4",
         ),
     ],
 )
