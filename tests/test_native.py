@@ -363,8 +363,8 @@ def test_decoder_layer_keeps_the_logits_and_the_cache(arch):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_models_layers_are_made_in_one_call_with_the_same_bits(arch, monkeypatch):
-    """The model twin makes every layer's node in one call (no layer's __call__ runs) where the
-    caches have room, bit for bit stock mlx-lm; a new weight, a spy in the layer list or more
+    """The model twin runs every layer in one node made by one call (no layer's __call__ runs)
+    where the caches have room, bit for bit stock mlx-lm; a new weight, a spy in the layer list or more
     rows than the layer node takes go back to the layers' own calls, with the same bits."""
     from mlx_lm.models.cache import make_prompt_cache
     from tiny import tiny_model
@@ -398,6 +398,10 @@ def test_a_models_layers_are_made_in_one_call_with_the_same_bits(arch, monkeypat
         out = model(chunk, cache=c1)
         assert bool(calls) == expect_calls, n
         assert native_stack.stacks(model.model, rows) == (not expect_calls or rows == 9), n
+        dot = io.StringIO()
+        mx.export_to_dot(dot, out)
+        nodes = re.findall(r'label ="(DecoderLayers?)"', dot.getvalue())
+        assert (nodes == ["DecoderLayers"]) == (not expect_calls), (n, nodes)  # one node
         assert same_bits(out, fresh(chunk, cache=c2)), n
         for a, b in zip(c1, c2):
             assert a.offset == b.offset

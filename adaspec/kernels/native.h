@@ -5,6 +5,7 @@
 // and the GEMM call mlx's Matmul makes for nn.Linear.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cfloat>
@@ -144,10 +145,10 @@ struct CacheJob {
   Out o;
 };
 
-// Outputs 1 .. of a cache node are the buffers of inputs at .. (one key and one value buffer
-// per sequence): shared with the input where mlx may donate it, else a copy made first.
+// Outputs out_at .. of a cache node are the buffers of inputs at .. (one key and one value
+// buffer per sequence): shared with the input where mlx may donate it, else a copy made first.
 void take_buffers(CacheJob& job, const std::vector<array>& in, size_t at,
-                  std::vector<array>& outs);
+                  std::vector<array>& outs, size_t out_at = 1);
 void run_cache_job(const CacheJob& j);
 // What every cache node checks (one buffer pair, row count, offset and fold per sequence,
 // each with room for its rows, the rows adding up to m): appends the buffers to `inputs` and
@@ -184,10 +185,17 @@ std::vector<array> decoder_layer(const array& x, const array& norm1, const array
                                  const std::vector<int>& offsets, const std::vector<int>& fold,
                                  float scale, StreamOrDevice s);
 
-// A llama / qwen2 model's decoder layers, their weights held once (kernels/native_layers.py
-// makes one per model): a call makes every layer's DecoderLayer node on the output of the one
-// before, as a call of decoder_layer per layer does (one sequence; every layer's cache at the
-// same offset). Returns the last layer's output, then each layer's new key and value buffers.
+// A llama / qwen2 model's decoder layers, their weights held once (kernels/native_stack.py
+// makes one per model): a call makes one graph node (DecoderLayers) that runs every layer on
+// the output of the one before, each with the bits of its DecoderLayer node (one sequence;
+// every layer's cache at the same offset). Returns the last layer's output, then each layer's
+// new key and value buffers.
+struct StackWeights {  // what a stack's node reads: per layer its norm weights and each
+  std::vector<array> arrays;  // weight followed by its bias (where it has one)
+  std::vector<std::vector<bool>> bias;
+  std::vector<float> eps1, eps2;
+};
+
 class DecoderStack {
  public:
   DecoderStack(const std::vector<array>& norm1, const std::vector<array>& norm2,
@@ -209,6 +217,8 @@ class DecoderStack {
     std::vector<std::optional<array>> biases;
   };
   std::vector<Layer> layers_;
+  std::shared_ptr<const StackWeights> held_;  // shared with every node made
+  mutable std::array<int, 3> checked_{-1, -1, -1};  // (H, D, Dv) every layer was checked for
   int dims_, n_heads_, n_kv_heads_;
   float scale_;
 };

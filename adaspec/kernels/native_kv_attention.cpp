@@ -95,11 +95,11 @@ class AttentionCache : public Primitive {
 }  // namespace
 
 void take_buffers(CacheJob& job, const std::vector<array>& in, size_t at,
-                  std::vector<array>& outs) {
+                  std::vector<array>& outs, size_t out_at) {
   size_t n = job.first.size();
   for (size_t j = 0; j < 2 * n; j++) {
     auto& src = in[at + j];
-    auto& dst = outs[1 + j];
+    auto& dst = outs[out_at + j];
     if (!src.flags().row_contiguous) throw std::runtime_error("cache node: buffer not contiguous");
     if (donatable(src, outs.size())) {
       dst.copy_shared_buffer(src);
@@ -109,14 +109,14 @@ void take_buffers(CacheJob& job, const std::vector<array>& in, size_t at,
       job.copies.push_back({src.data<float>(), dst.data<float>(), src.size()});
     }
   }
-  job.d = static_cast<int>(outs[1].shape(3));
-  job.dv = static_cast<int>(outs[2].shape(3));
+  job.d = static_cast<int>(outs[out_at].shape(3));
+  job.dv = static_cast<int>(outs[out_at + 1].shape(3));
   for (size_t i = 0; i < n; i++) {
-    int cap = static_cast<int>(outs[1 + 2 * i].shape(2));
+    int cap = static_cast<int>(outs[out_at + 2 * i].shape(2));
     job.caps.push_back(cap);
     job.shapes.push_back({1, job.hq, job.hk, 0, job.offsets[i] + job.rows[i], job.d, job.dv});
     for (int j = 0; j < 2; j++) {
-      auto& b = outs[1 + 2 * i + j];
+      auto& b = outs[out_at + 2 * i + j];
       job.bufs.push_back(b.data<float>());
       job.views.push_back({b.data<float>(), b.strides()[0], b.strides()[1], b.strides()[2], 1});
     }
