@@ -364,8 +364,9 @@ def test_decoder_layer_keeps_the_logits_and_the_cache(arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_a_models_layers_are_made_in_one_call_with_the_same_bits(arch, monkeypatch):
     """The model twin runs every layer in one node made by one call (no layer's __call__ runs)
-    where the caches have room, bit for bit stock mlx-lm; a new weight, a spy in the layer list or more
-    rows than the layer node takes go back to the layers' own calls, with the same bits."""
+    where the caches have room, bit for bit stock mlx-lm; a new weight, a spy in the layer
+    list or more rows than the layer node takes go back to the layers' own calls, with the same
+    bits."""
     from mlx_lm.models.cache import make_prompt_cache
     from tiny import tiny_model
 

@@ -16,7 +16,9 @@ What a stack holds (each layer's norm weights, projections' weights and biases, 
 head counts, RoPE and scale) is read once per model into a `Plan`, kept on the model and reused
 while every module and array it read is still the one the model holds (checked by identity on
 each call, ~30 us on SmolLM2); when one was replaced (new weights, another module, a spy in
-the layer list) the plan is read again, or the model's own code runs.
+the layer list) the plan is read again, or the model's own code runs. Layers that do not fit
+(quantized projections, other head counts) are refused once per layer list: a refusal is
+kept while the list holds the same layers, and each layer's own call then decides per call.
 """
 
 from __future__ import annotations
