@@ -159,6 +159,16 @@ std::vector<int> cache_inputs(const char* what, std::vector<array>& inputs,
                               const std::vector<int>& rows, const std::vector<int>& offsets,
                               const std::vector<int>& fold);
 
+// The stream's CPU encoder with every input and output of a node registered, to dispatch its
+// work on.
+inline cpu::CommandEncoder& encoder_for(Stream stream, const std::vector<array>& in,
+                                        std::vector<array>& outs) {
+  auto& enc = cpu::get_command_encoder(stream);
+  for (auto& a : in) enc.set_input_array(a);
+  for (auto& a : outs) enc.set_output_array(a);
+  return enc;
+}
+
 // An error naming `fold` unless it is 1 to hq / hk query heads per GEMM.
 void check_fold(const char* what, int fold, int hq, int hk);
 

@@ -68,6 +68,28 @@ LayerRefs layer_refs(const std::vector<array>& arrays, size_t& at, const std::ve
   return l;
 }
 
+// A decoder layer node's prologue: its inputs contiguous, output 0 (the rows [1, M, H])
+// allocated; returns (M, H).
+std::pair<int, int> layer_rows_out(const char* who, const std::vector<array>& in,
+                                   std::vector<array>& outs) {
+  for (auto& a : in)
+    if (!a.flags().row_contiguous) throw std::runtime_error(std::string(who) + ": not contiguous");
+  outs[0].set_data(allocator::malloc(outs[0].nbytes()));
+  return {static_cast<int>(in[0].shape(1)), static_cast<int>(in[0].shape(2))};
+}
+
+// `job` (a layer's sequences, their rows, offsets and folds) ready to run on m rows: RoPE's
+// angles cos and sin, its buffers inputs at .. and outputs out_at ..
+CacheJob layer_job(CacheJob job, int m, const array& cos, const array& sin,
+                   const std::vector<array>& in, size_t at, std::vector<array>& outs,
+                   size_t out_at) {
+  job.hq = job.rope.hq, job.hk = job.rope.hk, job.m = m;
+  job.cs = cos.data<float>();
+  job.sn = sin.data<float>();
+  take_buffers(job, in, at, outs, out_at);
+  return job;
+}
+
 struct Scratch {  // a layer body's intermediate rows, kept across the layers of a stack
   std::vector<float> xn, q, k, v, att, r, h, g, u;
 };
@@ -119,24 +141,14 @@ class DecoderLayer : public Primitive {
         rows_(rows), offsets_(offsets), fold_(fold), rope_(rope) {}
 
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
-    for (auto& a : in)
-      if (!a.flags().row_contiguous) throw std::runtime_error("decoder_layer: not contiguous");
-    auto& out = outs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    int m = static_cast<int>(in[0].shape(1)), hidden = static_cast<int>(in[0].shape(2));
+    auto [m, hidden] = layer_rows_out("decoder_layer", in, outs);
     size_t at = 1;
     LayerRefs l = layer_refs(in, at, bias_, eps1_, eps2_);
-    CacheJob job{first_, rows_, offsets_, fold_, scale_, rope_};
-    job.hq = rope_.hq, job.hk = rope_.hk, job.m = m;
-    job.cs = in[at].data<float>();
-    job.sn = in[at + 1].data<float>();
-    take_buffers(job, in, at + 2, outs);
+    CacheJob job = layer_job({first_, rows_, offsets_, fold_, scale_, rope_}, m, in[at],
+                             in[at + 1], in, at + 2, outs, 1);
     const float* x = in[0].data<float>();
-    float* y = out.data<float>();
-    auto& enc = cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    for (auto& a : outs) enc.set_output_array(a);
-    enc.dispatch([job = std::move(job), l = std::move(l), x, y, m, hidden]() mutable {
+    float* y = outs[0].data<float>();
+    encoder_for(stream(), in, outs).dispatch([job = std::move(job), l = std::move(l), x, y, m, hidden]() mutable {
       Scratch s;
       layer_body(job, l, x, y, m, hidden, s);
     });
@@ -175,30 +187,19 @@ class DecoderLayers : public Primitive {
         fold_(fold), rope_(rope) {}
 
   void eval_cpu(const std::vector<array>& in, std::vector<array>& outs) override {
-    for (auto& a : in)
-      if (!a.flags().row_contiguous) throw std::runtime_error("decoder_stack: not contiguous");
-    auto& out = outs[0];
-    out.set_data(allocator::malloc(out.nbytes()));
-    int m = static_cast<int>(in[0].shape(1)), hidden = static_cast<int>(in[0].shape(2));
+    auto [m, hidden] = layer_rows_out("decoder_stack", in, outs);
     std::vector<CacheJob> jobs;
     std::vector<LayerRefs> refs;
     size_t at = 0;
     auto& w = *held_;
     for (size_t i = 0; i < w.bias.size(); i++) {
       refs.push_back(layer_refs(w.arrays, at, w.bias[i], w.eps1[i], w.eps2[i]));
-      CacheJob job{{0}, {rows_}, {offset_}, {fold_}, scale_, rope_};
-      job.hq = rope_.hq, job.hk = rope_.hk, job.m = m;
-      job.cs = in[1].data<float>();
-      job.sn = in[2].data<float>();
-      take_buffers(job, in, 3 + 2 * i, outs, 1 + 2 * i);
-      jobs.push_back(std::move(job));
+      jobs.push_back(layer_job({{0}, {rows_}, {offset_}, {fold_}, scale_, rope_}, m, in[1], in[2],
+                               in, 3 + 2 * i, outs, 1 + 2 * i));
     }
     const float* x = in[0].data<float>();
-    float* y = out.data<float>();
-    auto& enc = cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    for (auto& a : outs) enc.set_output_array(a);
-    enc.dispatch([jobs = std::move(jobs), refs = std::move(refs), x, y, m, hidden]() mutable {
+    float* y = outs[0].data<float>();
+    encoder_for(stream(), in, outs).dispatch([jobs = std::move(jobs), refs = std::move(refs), x, y, m, hidden]() mutable {
       Scratch s;
       size_t mh = static_cast<size_t>(m) * hidden, n = jobs.size();
       std::vector<float> a(n > 1 ? mh : 0), b(n > 2 ? mh : 0);  // layer outputs, in turn

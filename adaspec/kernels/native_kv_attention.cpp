@@ -68,9 +68,7 @@ class AttentionCache : public Primitive {
     job.cs = in[3].data<float>();
     job.sn = in[4].data<float>();
     job.o = Out{out.data<float>(), job.dv, int64_t{job.hq} * job.dv};
-    auto& enc = cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    for (auto& a : outs) enc.set_output_array(a);
+    auto& enc = encoder_for(stream(), in, outs);
     enc.dispatch([job = std::move(job)]() { run_cache_job(job); });
   }
 

@@ -11,8 +11,8 @@
   cache is left as its `update_and_fetch` leaves it;
 - the MLP: gate and up projections in one node (`linears`), then the module's own `swiglu`
   (the function its source calls) and `down_proj`;
-- a llama / qwen2 model's layers (`LlamaModel`, `Qwen2Model`): every layer's node made in one
-  Python call (kernels/native_stack.py).
+- a llama / qwen2 model's layers (`LlamaModel`, `Qwen2Model`): all of them in one node made
+  by one Python call (kernels/native_stack.py).
 
 `install` changes the class of each covered instance (llama, qwen2, qwen3 `MLP` and
 `Attention`; llama and qwen2 `TransformerBlock` and models) to a subclass made once per class, whose

@@ -41,9 +41,7 @@ class Linears : public Primitive {
       jobs.push_back({w.data<float>(), b, outs[i].data<float>(), static_cast<int>(w.shape(0))});
     }
     const float* xp = x.data<float>();
-    auto& enc = cpu::get_command_encoder(stream());
-    for (auto& a : in) enc.set_input_array(a);
-    for (auto& o : outs) enc.set_output_array(o);
+    auto& enc = encoder_for(stream(), in, outs);
     enc.dispatch([jobs, xp, m, k]() {
       for (auto& j : jobs) linear(xp, m, k, j.w, j.b, j.n, j.y);
     });

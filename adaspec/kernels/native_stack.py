@@ -33,13 +33,9 @@ import mlx.core as mx
 
 from . import attention, native
 from .layers import RMS_MAX_ROWS
-from .native_fit import layer_fits
+from .native_fit import PROJECTIONS, layer_fits
 
 _PLAN = "_adaspec_stack"  # the model attribute a plan is kept in (not module state)
-_PARTS = {
-    "self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-}
 
 
 @dataclass(frozen=True)
@@ -93,8 +89,8 @@ def _read(layers: list[Any]) -> Plan:
             norm = read(block, key)
             norms[j].append(read(norm, "weight"))
             eps[j].append(norm.eps)
-        parts = {key: read(block, key) for key in _PARTS}
-        projs = [read(parts[key], p) for key, names in _PARTS.items() for p in names]
+        parts = {key: read(block, key) for key in ("self_attn", "mlp")}
+        projs = [read(parts[key], p) for key, p in PROJECTIONS]
         weights.append([read(p, "weight") for p in projs])
         biases.append([read(p, "bias") for p in projs])
         attn = parts["self_attn"]
@@ -121,12 +117,13 @@ def plan(model: Any) -> Plan:
 
 def stacks(model: Any, rows: int) -> bool:
     """Whether a forward of `rows` rows through the inner `model` may run as one stack (its
-    layers fit; the caches are checked at the call)"""
-    return (
-        "_native" in type(model).__dict__
-        and 0 < rows <= RMS_MAX_ROWS
-        and (plan(model).stack is not None)
-    )
+    layers fit; the caches are checked at the call). A kept plan is taken as it is (the call
+    checks it again: where it no longer holds, the forward runs layer by layer, at no cost to
+    its results), so a forward is checked once, not twice."""
+    if "_native" not in type(model).__dict__ or not 0 < rows <= RMS_MAX_ROWS:
+        return False
+    kept = model.__dict__.get(_PLAN)
+    return (kept if kept is not None else plan(model)).stack is not None
 
 
 def _caches_fit(caches: list[Any], n: int, rows: int) -> bool:
