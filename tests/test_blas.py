@@ -198,3 +198,47 @@ def test_library_threads_sets_the_loaded_library_and_restores_it():
     with blas.library_threads(1):
         assert get() == 1
     assert get() == before
+
+
+def _timeout_seen_by_loader(monkeypatch, path, user=None):
+    """-> the OPENBLAS_THREAD_TIMEOUT a loader of `path` sees, and the variable after it"""
+    if user is None:
+        monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", user)
+    import os
+
+    seen = []
+    blas._load(
+        "openblas",
+        {"openblas": lambda: path},
+        lambda p: seen.append(os.environ.get("OPENBLAS_THREAD_TIMEOUT")),
+        lambda p, r: "",
+    )
+    return seen[0] if seen else None, os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+
+
+def test_openblas_loads_with_short_thread_polls_and_the_environment_is_left_as_it_was(monkeypatch):
+    assert _timeout_seen_by_loader(monkeypatch, OPENBLAS) == (blas.OPENBLAS_THREAD_TIMEOUT, None)
+
+
+def test_a_thread_timeout_the_user_set_wins(monkeypatch):
+    assert _timeout_seen_by_loader(monkeypatch, OPENBLAS, user="20") == ("20", "20")
+
+
+def test_another_library_loads_without_the_variable(monkeypatch):
+    assert _timeout_seen_by_loader(monkeypatch, "/env/lib/libblis.so") == (None, None)
+
+
+def test_real_process_leaves_no_thread_timeout_for_children():
+    """The variable is set only while the routed library's OpenBLAS loads: a child process
+    (the stock mlx-lm peer) sees the environment the user gave."""
+    code = (
+        "import os, adaspec, mlx.core as mx; from adaspec.kernels import blas; "
+        "print(blas.status().kind, os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"
+    )
+    out = _fresh(code)
+    kind, env = out.stdout.split()
+    if kind not in ("routed", "openblas"):
+        pytest.skip(f"no OpenBLAS here ({kind})")
+    assert env == "None"
