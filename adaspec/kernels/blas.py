@@ -171,17 +171,14 @@ def build_router(cache: Path, compiler: str | None = None) -> Path:
 
 
 _router: ctypes.CDLL | None = None
-# OpenBLAS's idle threads poll for 2**THREAD_TIMEOUT cycles after each GEMM (default 2**28,
-# ~60 ms here) before they sleep: after a prefill they take turns on the cores with the decode
-# steps (SmolLM2 AR 196-203 tok/s with the default, 212-218 with 4). Set while the library
-# loads (it reads the variable then), never in the environment children inherit; a value the
-# user set wins.
+# OpenBLAS's idle threads poll 2**this cycles after a GEMM (default 28: ~60 ms, on the cores the
+# decode steps after a prefill need; SmolLM2 AR 193-200 tok/s, 217-222 with 4)
 OPENBLAS_THREAD_TIMEOUT = "4"
 
 
 @contextmanager
 def _short_blas_polls(library: str) -> Iterator[None]:
-    """While `library` loads: OPENBLAS_THREAD_TIMEOUT at OPENBLAS_THREAD_TIMEOUT unless set."""
+    """OPENBLAS_THREAD_TIMEOUT set while an OpenBLAS loads (it reads it then), unless set."""
     if "openblas" not in os.path.basename(library) or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
         yield
         return
