@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -206,8 +207,6 @@ def _timeout_seen_by_loader(monkeypatch, path, user=None):
         monkeypatch.delenv("OPENBLAS_THREAD_TIMEOUT", raising=False)
     else:
         monkeypatch.setenv("OPENBLAS_THREAD_TIMEOUT", user)
-    import os
-
     seen = []
     blas._load(
         "openblas",
