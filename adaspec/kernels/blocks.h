@@ -450,7 +450,10 @@ DECODER(bf16) {
 
 /* One unit (U values from element e, NU vectors, decoded by DEC) of the fused tile: rows
  * [0, mr) of A against rows [0, nr) of B. A row of B is decoded at a time and multiplied with
- * every row of A; up to two rows of A stay in registers for the whole unit. */
+ * every row of A; up to two rows of A stay in registers for the whole unit. The loop over B's
+ * rows is unrolled whatever its body's size, so the accumulators stay in registers (rolled,
+ * they went through memory: one core, SmolLM2's Q4_1 in cache, M = 1: 30 -> 32.5 G weights/s;
+ * whole forwards, 1 / 3 / 4 rows: 3.78 / 5.30 / 7.06 -> 3.63 / 4.85 / 6.45 ms). */
 #define FUSED_UNIT(PREP, DEC, NU)                                                               \
   {                                                                                         \
     VEC ar[2][NU];                                                                          \
@@ -462,7 +465,7 @@ DECODER(bf16) {
     /* a large next tile comes into L2 a share per step (into L1 it evicted this one) */   \
     for (long left = per32 * (NU * W / 32); left > 0 && pf < pf_end; left -= 64, pf += 64) \
       __builtin_prefetch(pf, 0, 2);                                                         \
-    for (int j = 0; j < nr; j++) {                                                          \
+    _Pragma("GCC unroll 16") for (int j = 0; j < nr; j++) {                                 \
       VEC b[NU];                                                                            \
       DEC(B + j * rb, e, b, &sc[j]);                                                        \
       for (int i = 0; i < mr; i++)                                                          \
