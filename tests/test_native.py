@@ -290,6 +290,46 @@ def test_cache_buffers_are_written_in_place_only_when_nothing_else_holds_them():
         assert core().buffer_copies() == copies
 
 
+def _in_flight_step(c, q, k, busy=None):
+    """one decoding step, queued behind `busy` work when given (so it is still running when
+    the caller goes on, as in mlx_lm's loop), the cache advanced to it"""
+    out = _rope_call(c, q if busy is None else q + busy, k)
+    c.keys, c.values, c.offset = out[1], out[2], c.offset + 1
+    mx.async_eval(out[0])
+    return out[0]
+
+
+@pytest.mark.parametrize("rollback", [False, True])
+def test_a_step_queued_behind_one_in_flight_writes_in_place_unless_rows_are_rewritten(rollback):
+    """mlx_lm evaluates step n + 1's graph while step n still runs, when step n's own work
+    holds the cache buffers: past every row written so far they are still written in place (no
+    copy a step); a rewritten row (a rollback) goes into a copy. Either way what a holder of
+    the old buffer reads stays as it was, and the cache ends as a step-by-step run's."""
+    rng = np.random.default_rng(5)
+    a, c = _cache_with(rng, 3, 40)
+    q = mx.array(rng.standard_normal((1, 1, 9 * 64)).astype(np.float32))
+    k1, k2 = (mx.array(rng.standard_normal((1, 1, 3 * 64)).astype(np.float32)) for _ in "12")
+    big = mx.random.normal((1500, 1500))
+    mx.eval(big)
+    busy = (big @ big @ big @ big @ big).sum().reshape(1, 1, 1) * 0  # ~0.1 s on the stream
+    _in_flight_step(c, q, k1, busy)
+    view = c.keys[:, :, : c.offset]  # a holder of the buffer being written: 41 rows
+    mx.async_eval(view)
+    if rollback:
+        c.offset -= 1  # step n + 1 rewrites step n's row
+    copies = core().buffer_copies()
+    mx.eval(_in_flight_step(c, q, k2), view)
+    assert core().buffer_copies() == copies + (2 if rollback else 0)
+    _in_flight_step(a, q, k1)  # the same steps, each evaluated before the next
+    mx.eval(a.keys)
+    seen = np.array(a.keys[:, :, :41])
+    a.offset -= rollback
+    mx.eval(_in_flight_step(a, q, k2))
+    assert np.array_equal(np.array(view).view(np.uint32), seen.view(np.uint32))
+    assert same_bits(c.keys[..., : c.offset, :], a.keys[..., : a.offset, :])
+    assert same_bits(c.values[..., : c.offset, :], a.values[..., : a.offset, :])
+
+
 @pytest.mark.slow
 def test_stored_embedding_rows_are_lazy_and_exact(smollm2):
     """SmolLM2's stored (Q8_0) embedding: the native gather equals the numpy gather's widened
