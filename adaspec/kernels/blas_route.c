@@ -629,6 +629,8 @@ typedef struct {
   const float *A, *B;
   source_t src;
   float *C;
+  void (*fn)(void *, int); /* set: not a GEMM, fn(ctx, 0) and fn(ctx, 1) (adaspec_split2) */
+  void *ctx;
 } job_t;
 
 static job_t job;
@@ -662,6 +664,20 @@ static int split(source_t src, int N) {
 
 static unsigned start_seen; /* jobs posted before the worker was created */
 
+/* half `second` of a job: of a GEMM, the outputs from split() on or before it */
+static void run_half(const job_t *j, int second) {
+  if (j->fn) {
+    j->fn(j->ctx, second);
+    return;
+  }
+  int h = split(j->src, j->N);
+  if (!second)
+    part_any(j->M, h, j->K, j->al, j->A, j->lda, j->B, j->src, j->ldb, j->be, j->C, j->ldc);
+  else
+    part_any(j->M, j->N - h, j->K, j->al, j->A, j->lda, j->B ? j->B + (long)h * j->ldb : 0,
+             rows_from(j->src, h), j->ldb, j->be, j->C + h, j->ldc);
+}
+
 static void *worker(void *unused) {
   (void)unused;
   unsigned seen = start_seen;
@@ -681,9 +697,7 @@ static void *worker(void *unused) {
     seen = s;
     unsigned expect = s - 1;
     if (!atomic_compare_exchange_strong(&claimed, &expect, s)) continue; /* caller took it */
-    int h = split(job.src, job.N);
-    part_any(job.M, job.N - h, job.K, job.al, job.A, job.lda, job.B ? job.B + (long)h * job.ldb : 0,
-             rows_from(job.src, h), job.ldb, job.be, job.C + h, job.ldc);
+    run_half(&job, 1);
     atomic_store_explicit(&finished, s, memory_order_release);
   }
   return 0;
@@ -696,39 +710,31 @@ static void after_fork_in_child(void) {
   atomic_store(&busy, 0);
 }
 
-static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
-                   source_t src, int ldb, float be, float *C, int ldc) {
-  /* little work (attention's scores at a short context), or another thread is already
-   * using the worker: stay on this thread */
-  if (((long)N * K < SPLIT_MIN && (long)M * N * K < SPLIT_WORK) || N < 12 ||
-      atomic_exchange(&busy, 1)) {
-    part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
-    return;
-  }
+/* j's first half here and its second on the worker at once (or here too, when the worker has
+ * not started on it by the time the first is done: under CPU contention the worker may not be
+ * running at all); 0 when another thread is using the worker or it cannot start (nothing ran) */
+static int run_split(const job_t *j) {
+  if (atomic_exchange(&busy, 1)) return 0;
   if (!worker_started) {
     pthread_t t;
     pthread_atfork(0, 0, after_fork_in_child);
     start_seen = atomic_load(&posted);
     if (pthread_create(&t, 0, worker, 0) != 0) {
       atomic_store(&busy, 0);
-      part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
-      return;
+      return 0;
     }
     pthread_detach(t);
     worker_started = 1;
   }
-  job = (job_t){M, N, K, lda, ldb, ldc, al, be, A, B, src, C};
+  job = *j;
   pthread_mutex_lock(&mu);
   unsigned s = atomic_fetch_add_explicit(&posted, 1, memory_order_release) + 1;
   pthread_cond_signal(&wake);
   pthread_mutex_unlock(&mu);
-  int h = split(src, N);
-  part_any(M, h, K, al, A, lda, B, src, ldb, be, C, ldc);
+  run_half(j, 0);
   unsigned expect = s - 1;
   if (atomic_compare_exchange_strong(&claimed, &expect, s)) {
-    /* the worker has not started on it: do the second half here rather than wait for it */
-    part_any(M, N - h, K, al, A, lda, B ? B + (long)h * ldb : 0, rows_from(src, h), ldb, be, C + h,
-             ldc);
+    run_half(j, 1); /* the worker has not started on it: do it here rather than wait */
   } else {
     for (long spins = 0; atomic_load_explicit(&finished, memory_order_acquire) != s; spins++) {
       relax();
@@ -736,6 +742,24 @@ static void kernel(int M, int N, int K, float al, const float *A, int lda, const
     }
   }
   atomic_store(&busy, 0);
+  return 1;
+}
+
+static void kernel(int M, int N, int K, float al, const float *A, int lda, const float *B,
+                   source_t src, int ldb, float be, float *C, int ldc) {
+  /* little work (attention's scores at a short context): stay on this thread */
+  job_t j = {M, N, K, lda, ldb, ldc, al, be, A, B, src, C, 0, 0};
+  if (((long)N * K < SPLIT_MIN && (long)M * N * K < SPLIT_WORK) || N < 12 || !run_split(&j))
+    part_any(M, N, K, al, A, lda, B, src, ldb, be, C, ldc);
+}
+
+/* fn(ctx, 0) on this thread and fn(ctx, 1) on the GEMM worker at once (a native node's two
+ * halves of independent work: attention's heads); both here, one after the other, when the
+ * worker is in use. A GEMM either half makes runs on its own thread alone. */
+void adaspec_split2(void (*fn)(void *, int), void *ctx) {
+  job_t j = {0};
+  j.fn = fn, j.ctx = ctx;
+  if (!run_split(&j)) fn(ctx, 0), fn(ctx, 1);
 }
 
 /* ---- stand-ins -------------------------------------------------------------------------

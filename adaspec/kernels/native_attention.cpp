@@ -7,6 +7,8 @@
 // every native node (native_kv_attention.cpp and native_decoder_layer.cpp call it too).
 #include "native.h"
 
+#include <dlfcn.h>
+
 namespace adaspec_native {
 
 namespace {
@@ -142,14 +144,75 @@ class AttentionCore : public Primitive {
 
 }  // namespace
 
-void heads(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
-           float scale, bool causal, const Mask* mask, int fold, int b, const Out& out) {
-  std::vector<float> qs, sc, res;
-  int rep = d.Hq / d.Hk;
-  for (int h = 0; h < d.Hk; h++)
-    for (int r = 0; r < rep; r += fold)
+namespace {
+
+// The routed BLAS's adaspec_split2 (kernels/blas_route.c: a function's two halves on its two
+// threads), or null where it is not loaded
+using Split2 = void (*)(void (*)(void*, int), void*);
+Split2 split2() {
+  static Split2 f = reinterpret_cast<Split2>(dlsym(RTLD_DEFAULT, "adaspec_split2"));
+  return f;
+}
+
+// Multiply-adds of a node's attention from which its heads are shared by two threads: below,
+// the hand-off costs about what it saves
+constexpr int64_t kSplitWork = int64_t{1} << 16;
+
+// What `heads` does, as units (a KV head, its first query head, up to `fold` of them): units
+// [0, cut) are one half, the rest the other
+struct HeadUnits {
+  const Shape4& d;
+  int l0, n;
+  const View &q, &k, &v;
+  float scale;
+  bool causal;
+  const Mask* mask;
+  int fold, b;
+  const Out& out;
+  std::vector<std::pair<int, int>> units;
+  size_t cut;
+
+  void run(size_t from, size_t to) const {
+    std::vector<float> qs, sc, res;
+    int rep = d.Hq / d.Hk;
+    for (size_t i = from; i < to; i++) {
+      auto [h, r] = units[i];
       head(d, l0, n, q, k, v, scale, causal, mask, b, h, r, std::min(fold, rep - r), out, qs, sc,
            res);
+    }
+  }
+  static void half(void* self, int second) {
+    auto& u = *static_cast<const HeadUnits*>(self);
+    second ? u.run(u.cut, u.units.size()) : u.run(0, u.cut);
+  }
+};
+
+}  // namespace
+
+// Every head's attention, each exactly as `head` computes it alone: with enough work, half the
+// query heads on each of the routed BLAS's two threads (each head's GEMMs then on its thread
+// alone). A smaller fold takes fewer query heads per GEMM, with the same bits, where the units
+// would not halve (SmolLM2: 3 query heads a KV head, 3 KV heads).
+void heads(const Shape4& d, int l0, int n, const View& q, const View& k, const View& v,
+           float scale, bool causal, const Mask* mask, int fold, int b, const Out& out) {
+  int rep = d.Hq / d.Hk;
+  Split2 two = int64_t{d.Hq} * n * d.S * (d.D + d.Dv) >= kSplitWork ? split2() : nullptr;
+  auto units_of = [&](int f) {
+    std::vector<std::pair<int, int>> u;
+    for (int h = 0; h < d.Hk; h++)
+      for (int r = 0; r < rep; r += f) u.push_back({h, r});
+    return u;
+  };
+  auto units = units_of(fold);
+  while (two && units.size() % 2 && fold > 1) units = units_of(fold = (fold + 1) / 2);
+  HeadUnits job{d, l0, n, q, k, v, scale, causal, mask, fold, b, out, std::move(units), 0};
+  if (!two || job.units.size() < 2) {
+    job.run(0, job.units.size());
+    return;
+  }
+  for (int taken = 0; 2 * taken < d.Hq; job.cut++)  // the first half of the query heads
+    taken += std::min(fold, rep - job.units[job.cut].second);
+  two(&HeadUnits::half, &job);
 }
 
 void check_fold(const char* what, int fold, int hq, int hk) {
