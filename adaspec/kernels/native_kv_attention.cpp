@@ -6,6 +6,7 @@
 #include "native.h"
 
 #include <climits>
+#include <cstdint>
 #include <mutex>
 #include <unordered_map>
 
@@ -42,12 +43,15 @@ bool donatable(const array& a, size_t outputs) {
 }
 
 // Where the rows of a cache buffer end that any array holding it may read: the end of the rows
-// a cache node last wrote into it (offset + rows), by the buffer's data. Once a node has
-// written a buffer (in place or into a copy) every earlier holder of it saw the cache at most
-// that far, and rows from there on are unwritten for all of them.
+// a cache node last wrote into it (offset + rows), by the buffer's data, with the node's output
+// array that holds it. Once a node has written a buffer (in place or into a copy) every earlier
+// holder of it saw the cache at most that far, and rows from there on are unwritten for all of
+// them; while that output is the array a later node is given, nothing else wrote it since (an
+// op writing it in place would have needed the only reference to that output).
 struct Written {
   std::weak_ptr<array::Data> data;
   int end;
+  std::uintptr_t output;
 };
 std::mutex written_mu;
 std::unordered_map<const void*, Written> written;
@@ -56,13 +60,15 @@ size_t written_swept = 64;
 int written_end(const array& a) {
   std::lock_guard<std::mutex> lock(written_mu);
   auto it = written.find(a.data_shared_ptr().get());
-  if (it == written.end() || it->second.data.lock() != a.data_shared_ptr()) return INT_MAX;
+  if (it == written.end() || it->second.output != a.id() ||
+      it->second.data.lock() != a.data_shared_ptr())
+    return INT_MAX;
   return it->second.end;
 }
 
 void note_written(const array& a, int end) {
   std::lock_guard<std::mutex> lock(written_mu);
-  written[a.data_shared_ptr().get()] = {a.data_shared_ptr(), end};
+  written[a.data_shared_ptr().get()] = {a.data_shared_ptr(), end, a.id()};
   if (written.size() > 2 * written_swept) {  // forget the buffers that are gone
     std::erase_if(written, [](const auto& e) { return e.second.data.expired(); });
     written_swept = std::max<size_t>(64, written.size());
