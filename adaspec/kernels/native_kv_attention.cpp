@@ -30,16 +30,16 @@ void rotate(const float* x, const float* c, const float* s, int dims, int d, flo
   for (int j = dims; j < d; j++) out[j] = x[j];
 }
 
-// Whether the node may write into input `a`'s buffer, as mlx's SliceUpdate does when it may
-// donate it: nothing else holds the buffer and no array but this node's references `a`.
+// Whether no array but this node's references `a` (and its buffer is its own); with nothing
+// else holding the buffer, the node may write into it, as mlx's SliceUpdate does when it may
+// donate it (writable).
 // array::is_donatable asks for one reference to `a`, but mlx gives each output of a
 // multi-output node its own copy of the inputs, so here there are `outputs` of them.
 // An array is one shared pointer to its descriptor (asserted), read for its count.
-bool donatable(const array& a, size_t outputs) {
+bool only_this_node_refers(const array& a, size_t outputs) {
   static_assert(sizeof(array) == sizeof(std::shared_ptr<void>));
   auto& desc = *reinterpret_cast<const std::shared_ptr<void>*>(&a);
-  return desc.use_count() == static_cast<long>(outputs) && a.data_shared_ptr().use_count() == 1 &&
-         a.data_shared_ptr()->is_owned();
+  return desc.use_count() == static_cast<long>(outputs) && a.data_shared_ptr()->is_owned();
 }
 
 // Where the rows of a cache buffer end that any array holding it may read: the end of the rows
@@ -75,8 +75,8 @@ void note_written(const array& a, int end) {
   }
 }
 
-// Whether a node writing rows from `offset` on may write into buffer `a` in place: donatable,
-// or `a` is still being made by an eval in flight and the rows are past every row written so
+// Whether a node writing rows from `offset` on may write into buffer `a` in place: donatable
+// (nothing else holds the buffer), or `a` is still being made by an eval in flight and the rows are past every row written so
 // far. An eval in flight holds its nodes' inputs and outputs until the stream has run it (only
 // so that they are not freed), so a buffer is never donatable then; mlx_lm's decoding loop
 // evaluates step n + 1's graph while step n runs, and every layer's cache was copied at every
@@ -84,11 +84,9 @@ void note_written(const array& a, int end) {
 // the context). Writing past the end no holder reads changes nothing any holder sees. After
 // a rollback (rows rewritten), only a donatable buffer is written in place.
 bool writable(const array& a, size_t outputs, int offset) {
-  static_assert(sizeof(array) == sizeof(std::shared_ptr<void>));
-  if (donatable(a, outputs)) return true;
-  auto& desc = *reinterpret_cast<const std::shared_ptr<void>*>(&a);
-  return desc.use_count() == static_cast<long>(outputs) && a.data_shared_ptr()->is_owned() &&
-         !a.is_available() && offset >= written_end(a);
+  return only_this_node_refers(a, outputs) &&
+         (a.data_shared_ptr().use_count() == 1 ||
+          (!a.is_available() && offset >= written_end(a)));
 }
 
 // Several sequences' RoPE, KV cache writes and attention in one node. Inputs: q [1, M, Hq * D],
